@@ -1,0 +1,40 @@
+"""Network families for slimming. ``build(arch, cfg=None, **options)`` is the one way to make one.
+
+Each family lives in its own module with a ``Net(cfg=None, ...)`` class that carries:
+- ``arch``: its registry name; ``options``: the keyword arguments that rebuild it besides ``cfg``;
+- ``cfg``: the widths pruning may change;
+- ``prunable_bns()``: the BatchNorm layers whose channels may be cut, and
+  ``pruned_cfg(kept)``: the cfg once those layers keep ``kept`` channels each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import nin, vgg
+
+ARCHS: dict[str, type[nn.Module]] = {net.arch: net for net in (nin.Net, vgg.Net)}
+
+
+def build(arch: str, cfg: list | None = None, *, empty: bool = False, **options: Any) -> nn.Module:
+    """Build network ``arch`` with channel widths ``cfg`` (None: the family's default).
+
+    ``options`` are the family's own keyword arguments (``depth``, ``num_classes``).
+    ``empty=True`` builds on the meta device, skipping weight initialisation: fill it with
+    ``load_state_dict(state_dict, assign=True)``. Raises ValueError for an unknown arch or a
+    cfg/option the family refuses.
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choose one of: {', '.join(sorted(ARCHS))}")
+    net = ARCHS[arch]
+    unknown = set(options) - set(inspect.signature(net).parameters)
+    if unknown:
+        raise ValueError(f"arch {arch!r} takes no option {', '.join(sorted(unknown))}")
+    ctx = torch.device("meta") if empty else contextlib.nullcontext()
+    with ctx:
+        return net(cfg=cfg, **options)

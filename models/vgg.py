@@ -1,0 +1,80 @@
+"""CIFAR VGG with BatchNorm, laid out as in the network-slimming paper's PyTorch code.
+
+Module names (``feature.N``, ``classifier``) match that code, so its state_dicts load unchanged.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+# 'M' is a 2x2 max-pool; a number is a 3x3 conv + BN + ReLU of that width.
+DEFAULT_CFGS: dict[int, list] = {
+    11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512],
+    13: [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512],
+    16: [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512],
+    19: [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+         512, 512, 512, 512],
+}
+
+
+def make_layers(cfg: list, in_channels: int = 3) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for v in cfg:
+        if v == "M":
+            layers.append(nn.MaxPool2d(kernel_size=2, stride=2))
+        else:
+            layers += [nn.Conv2d(in_channels, v, 3, padding=1, bias=False), nn.BatchNorm2d(v),
+                       nn.ReLU(inplace=True)]
+            in_channels = v
+    return nn.Sequential(*layers)
+
+
+def check_cfg(cfg: list) -> None:
+    widths = [v for v in cfg if v != "M"]
+    if not widths or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in widths):
+        raise ValueError(f"a VGG cfg is a list of positive widths and 'M', got {cfg!r}")
+    if cfg[-1] == "M":
+        raise ValueError("a VGG cfg must end with a conv width, not 'M'")
+
+
+class Net(nn.Module):
+    arch = "vgg"
+    """VGG for 32x32 inputs: ``feature`` -> 2x2 average pool -> ``Linear(cfg[-1], num_classes)``.
+
+    Input (N, 3, 32, 32), output (N, num_classes) logits. cfg needs four 'M' for 32x32 inputs.
+    """
+
+    def __init__(self, cfg: list | None = None, depth: int = 19, num_classes: int = 10):
+        super().__init__()
+        if cfg is None:
+            if depth not in DEFAULT_CFGS:
+                raise ValueError(f"VGG depth must be one of {sorted(DEFAULT_CFGS)}, got {depth}")
+            cfg = DEFAULT_CFGS[depth]
+        cfg = list(cfg)
+        check_cfg(cfg)
+        self.cfg = cfg
+        self.options = {"depth": depth, "num_classes": num_classes}  # what build() needs besides cfg
+        self.feature = make_layers(cfg)
+        self.classifier = nn.Linear(cfg[-1], num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 0.5)  # the paper's code starts gammas at 0.5
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x):
+        x = self.feature(x)
+        x = nn.functional.avg_pool2d(x, 2)
+        return self.classifier(x.flatten(1))
+
+    def prunable_bns(self) -> list[nn.BatchNorm2d]:
+        return [m for m in self.feature if isinstance(m, nn.BatchNorm2d)]
+
+    def pruned_cfg(self, kept: list[int]) -> list:
+        """The cfg with each width replaced by ``kept`` (one count per prunable BN, in order)."""
+        it = iter(kept)
+        return [v if v == "M" else next(it) for v in self.cfg]

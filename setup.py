@@ -1,0 +1,22 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="slimming",
+    version="0.1.0",
+    description="Network slimming for PyTorch: L1-sparse BatchNorm training, channel pruning, "
+                "fine-tuning (Liu et al., ICCV 2017)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["slimming", "slimming.*", "models", "models.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        # >= 2.10: older releases have code-execution holes in the weights_only loader
+        # (CVE-2025-32434 below 2.6, CVE-2026-24747 below 2.10); safe loading is a promise here.
+        "torch>=2.10,<3",
+        "torchvision>=0.25",
+        "numpy>=1.24",
+        "tqdm>=4.60",
+    ],
+    extras_require={"dev": ["pytest>=7", "ruff>=0.4"]},
+    entry_points={"console_scripts": ["slimming=slimming.cli:main"]},
+)

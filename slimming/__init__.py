@@ -1,0 +1,21 @@
+"""slimming: network slimming (Liu et al., ICCV 2017) for PyTorch.
+
+Train with an L1 penalty on BatchNorm gammas (``BNSparsity``), cut the channels under a global
+|gamma| threshold (``prune``), fine-tune, and reload any checkpoint with ``load_model``.
+"""
+
+from .checkpoint import (
+                         CheckpointError,
+                         checkpoint_dict,
+                         load_checkpoint,
+                         load_model,
+                         save_checkpoint,
+)
+from .prune import PruneResult, channel_masks, count_params, prunable_bns, prune
+from .sparsity import BNSparsity, add_l1_subgradient
+
+__version__ = "0.1.0"
+
+__all__ = ["BNSparsity", "CheckpointError", "PruneResult", "add_l1_subgradient", "channel_masks",
+           "checkpoint_dict", "count_params", "load_checkpoint", "load_model", "prunable_bns",
+           "prune", "save_checkpoint"]

@@ -1,0 +1,157 @@
+"""Pruning: which channels to cut (a global |gamma| threshold) and how to cut them.
+
+"Which" is architecture-free: one threshold over the |gamma| of every prunable BatchNorm layer.
+"How" rebuilds ``Net(cfg)`` with the surviving widths and copies the kept weights layer by layer,
+walking the old and new ``modules()`` side by side with a ``start_mask`` (input channels) and
+an ``end_mask`` (output channels), as the paper's code does for chain-shaped networks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The network inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
+    """The BatchNorm layers whose channels may be cut: the model's own list, else every BN2d."""
+    model = unwrap(model)
+    if hasattr(model, "prunable_bns"):
+        return model.prunable_bns()
+    return [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+
+
+def channel_masks(model: nn.Module, percent: float | None = None, threshold: float | None = None,
+                  min_channels: int = 1) -> tuple[list[torch.Tensor], float | None]:
+    """One boolean keep-mask per prunable BN (in ``prunable_bns`` order), and the threshold.
+
+    ``percent=p`` ranks all N prunable channels by |gamma| and removes exactly ``floor(p * N)``
+    of them, the smallest (ties broken by layer order); the returned threshold is the largest
+    |gamma| removed (None when none is). ``threshold=t`` removes every channel with |gamma| <= t.
+    Then each layer that would keep fewer than ``min_channels`` keeps its ``min_channels``
+    largest-|gamma| channels (or all, if it has fewer), so no layer is ever emptied.
+    """
+    if (percent is None) == (threshold is None):
+        raise ValueError("give exactly one of percent and threshold")
+    if percent is not None and not (0 <= percent < 1):
+        raise ValueError(f"percent must be in [0, 1), got {percent}")
+    if threshold is not None and not (threshold >= 0):
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    if min_channels < 1:
+        raise ValueError(f"min_channels must be >= 1, got {min_channels}")
+    bns = prunable_bns(model)
+    if not bns:
+        raise ValueError("the model has no prunable BatchNorm2d layer: there is nothing to slim")
+    gammas = [bn.weight.detach().abs().float().cpu() for bn in bns]
+    allg = torch.cat(gammas)
+    if percent is not None:
+        k = math.floor(percent * allg.numel() + 1e-9)
+        order = torch.argsort(allg, stable=True)
+        keep = torch.ones_like(allg, dtype=torch.bool)
+        keep[order[:k]] = False
+        threshold = allg[order[k - 1]].item() if k else None
+    else:
+        keep = allg > threshold
+        if not keep.any():
+            raise ValueError(f"threshold {threshold:g} is at or above every |gamma| (the largest is "
+                             f"{allg.max().item():.4g}): it would prune every channel")
+    masks = list(keep.split([g.numel() for g in gammas]))
+    for i, (g, m) in enumerate(zip(gammas, masks)):
+        need = min(min_channels, g.numel())
+        if int(m.sum()) < need:
+            masks[i] = m.clone()
+            masks[i][g.topk(need).indices] = True
+    return masks, threshold
+
+
+def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
+    if mask is None:
+        return t.detach().clone()
+    return t.detach().index_select(dim, mask.nonzero().squeeze(1).to(t.device))
+
+
+def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> None:
+    """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
+
+    ``cfg_mask`` has one mask per BatchNorm2d of ``old`` in ``modules()`` order. For a chain
+    network (conv -> BN -> ... -> linear): a conv keeps input channels ``start_mask`` and output
+    channels ``end_mask``; a BN keeps ``end_mask``; a linear keeps input columns ``start_mask``.
+    Loading is strict, so a tensor this walk missed is an error, not uninitialised memory.
+    """
+    masks = iter(cfg_mask)
+    start_mask, end_mask = None, next(masks, None)
+    state = {}
+    for (name, m0), (_, m1) in zip(old.named_modules(), new.named_modules()):
+        if type(m0) is not type(m1):
+            raise ValueError(f"module {name!r}: {type(m0).__name__} vs {type(m1).__name__}")
+        prefix = f"{name}." if name else ""
+        if isinstance(m0, nn.BatchNorm2d):
+            for key in ("weight", "bias", "running_mean", "running_var"):
+                state[prefix + key] = _take(getattr(m0, key), 0, end_mask)
+            state[prefix + "num_batches_tracked"] = m0.num_batches_tracked.detach().clone()
+            start_mask, end_mask = end_mask, next(masks, None)
+        elif isinstance(m0, nn.Conv2d):
+            state[prefix + "weight"] = _take(_take(m0.weight, 1, start_mask), 0, end_mask)
+            if m0.bias is not None:
+                state[prefix + "bias"] = _take(m0.bias, 0, end_mask)
+        elif isinstance(m0, nn.Linear):
+            state[prefix + "weight"] = _take(m0.weight, 1, start_mask)
+            if m0.bias is not None:
+                state[prefix + "bias"] = m0.bias.detach().clone()
+    new.load_state_dict(state, assign=True)
+
+
+@dataclass
+class PruneResult:
+    """What ``prune`` returns: the smaller network and how it was cut from the original."""
+
+    model: nn.Module
+    cfg: list
+    cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d of the original, modules() order
+    threshold: float | None  # largest |gamma| removed (percent) or the threshold given
+    layer_names: list[str]  # the original's BatchNorm2d names, in cfg_mask order
+
+    def layer_table(self) -> list[tuple[str, int, int]]:
+        """(BN layer name, channels before, channels after) for every BatchNorm2d."""
+        return [(n, m.numel(), int(m.sum())) for n, m in zip(self.layer_names, self.cfg_mask)]
+
+
+def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
+          min_channels: int = 1) -> PruneResult:
+    """Slim ``model`` (a NIN or VGG ``Net``): cut low-|gamma| channels and rebuild it thinner.
+
+    Give ``percent`` (fraction of prunable channels removed, see ``channel_masks``) or an
+    absolute ``threshold``. The original model is left untouched; the new one is on the same
+    device, in the same train/eval mode, and its weights are never initialised only to be
+    overwritten (it is built on the meta device and filled by assignment).
+    """
+    import models  # here, not at import time: the pruning core works on any Net-like model
+
+    model = unwrap(model)
+    masks, threshold = channel_masks(model, percent, threshold, min_channels)
+    by_layer = {id(bn): m for bn, m in zip(prunable_bns(model), masks)}
+    bns = [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
+    cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool))
+                for _, bn in bns]
+    cfg = model.pruned_cfg([int(m.sum()) for m in masks])
+    new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
+    copy_chain_weights(model, new, cfg_mask)
+    new.train(model.training)
+    return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns])
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,37 @@
+import random
+
+import pytest
+import torch
+from torch import nn
+
+import models
+from models.vgg import DEFAULT_CFGS
+
+TINY_VGG = [8, "M", 16, "M", 16, 16, "M", 24, "M", 24]  # 32x32 in, fast on a CPU
+
+
+def randomize_bn(model: nn.Module, gen: torch.Generator, zero_frac: float = 0.0) -> None:
+    """Random gamma (some near zero), beta and running statistics in every BatchNorm2d."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                n = m.num_features
+                m.weight.copy_(torch.randn(n, generator=gen))
+                if zero_frac:
+                    m.weight.mul_((torch.rand(n, generator=gen) > zero_frac).float() + 1e-3)
+                m.bias.copy_(torch.randn(n, generator=gen) * 0.5)
+                m.running_mean.copy_(torch.randn(n, generator=gen) * 0.2)
+                m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
+
+
+def random_cfg(arch: str, rng: random.Random, depth: int = 11, lo: int = 1, hi: int = 24) -> list:
+    """A cfg of the family's shape with random widths."""
+    if arch == "nin":
+        return [rng.randint(lo, hi) for _ in range(8)]
+    return [v if v == "M" else rng.randint(lo, hi) for v in DEFAULT_CFGS[depth]]
+
+
+@pytest.fixture
+def tiny_vgg():
+    torch.manual_seed(0)
+    return models.build("vgg", cfg=TINY_VGG)

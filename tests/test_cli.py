@@ -1,0 +1,147 @@
+"""The command line end to end on the synthetic dataset, and its one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from slimming import count_params, load_model
+from slimming.cli import main
+from slimming.engine import lr_milestones
+
+TINY = "8,M,16,M,16,16,M,24,M,24"
+DATA = ["--dataset", "synthetic", "--workers", "0", "--cpu", "--batch-size", "128"]
+
+
+def run(capsys, *argv):
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory):
+    """One sparsity-trained tiny VGG shared by the tests below (1 epoch on synthetic data)."""
+    save = tmp_path_factory.mktemp("runs") / "sparse"
+    assert main(["train", "--arch", "vgg", "--cfg", TINY, "--epochs", "1", "--sparsity", "1e-3",
+                 "--seed", "0", "--save", str(save), *DATA]) == 0
+    return save
+
+
+def test_train_prune_finetune_eval(sparse_run, tmp_path, capsys):
+    assert {p.name for p in sparse_run.iterdir()} >= {"last.pth", "best.pth", "metrics.jsonl"}
+    rows = [json.loads(line) for line in (sparse_run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["epoch"] == 1
+    assert set(rows[0]) >= {"epoch", "lr", "train_loss", "test_loss", "test_acc", "gamma_lt_1e-2",
+                            "seconds"}
+    last = torch.load(sparse_run / "last.pth", weights_only=True)
+    assert last["epoch"] == 1 and last["args"]["sparsity"] == 1e-3 and last["optimizer"]
+
+    code, out, _ = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent",
+                       "0.5", "--save", tmp_path / "pruned")
+    assert code == 0 and "feature.1" in out and "parameters" in out
+    pruned_path = tmp_path / "pruned" / "pruned.pth"
+    pruned = torch.load(pruned_path, weights_only=True)
+    assert pruned["cfg"] != [int(v) if v != "M" else v for v in TINY.split(",")]
+    assert len(pruned["cfg_mask"]) == 6 and pruned["source_acc"] == last["acc"]
+    assert count_params(load_model(pruned_path)) < count_params(load_model(sparse_run / "best.pth"))
+
+    code, out, _ = run(capsys, "finetune", "--checkpoint", pruned_path, "--epochs", "1",
+                       "--save", tmp_path / "ft", *DATA)
+    assert code == 0
+    ft = torch.load(tmp_path / "ft" / "best.pth", weights_only=True)
+    assert ft["cfg"] == pruned["cfg"] and ft["args"]["sparsity"] == 0.0
+    assert ft["cfg_mask"] is not None and ft["source"]["path"] == str(pruned_path)
+
+    code, out, _ = run(capsys, "eval", "--checkpoint", tmp_path / "ft" / "best.pth", *DATA)
+    assert code == 0 and f"top-1 accuracy {ft['acc']:.2f}%" in out
+
+
+def test_threshold_prune_and_outputs_are_not_overwritten(sparse_run, tmp_path, capsys):
+    ckpt = sparse_run / "last.pth"
+    assert run(capsys, "prune", "--checkpoint", ckpt, "--threshold", "0.3", "--save", tmp_path)[0] == 0
+    first = (tmp_path / "pruned.pth").read_bytes()
+    code, _, err = run(capsys, "prune", "--checkpoint", ckpt, "--percent", "0.2", "--save", tmp_path)
+    assert code == 2 and "already exists" in err and "--overwrite" in err
+    assert (tmp_path / "pruned.pth").read_bytes() == first
+    assert run(capsys, "prune", "--checkpoint", ckpt, "--percent", "0.2", "--save", tmp_path,
+               "--overwrite")[0] == 0
+    assert (tmp_path / "pruned.pth").read_bytes() != first
+
+
+def test_learning_rate_drops_at_integer_milestones(tmp_path, capsys):
+    assert lr_milestones(160) == [80, 120]
+    assert lr_milestones(10) == [5, 7]  # the paper's float compare skips 7.5
+    assert lr_milestones(2) == [1] and lr_milestones(1) == []
+    code, _, _ = run(capsys, "train", "--arch", "vgg", "--cfg", "4,M,4,M,4,M,4,M,4", "--epochs",
+                     "4", "--lr", "0.1", "--save", tmp_path, *DATA)
+    assert code == 0
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([0.1, 0.1, 0.01, 0.001])
+
+
+def test_nin_trains_from_the_command_line(tmp_path, capsys):
+    code, out, _ = run(capsys, "train", "--arch", "nin", "--cfg", "8,8,8,8,8,8,8,8", "--epochs",
+                       "1", "--sparsity", "1e-4", "--save", tmp_path, *DATA)
+    assert code == 0 and load_model(tmp_path / "last.pth").cfg == [8] * 8
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["prune", "--checkpoint", "{tmp}/missing.pth", "--percent", "0.5", "--save", "{tmp}/o"],
+     "no such file"),
+    (["prune", "--checkpoint", "{tmp}", "--percent", "0.5", "--save", "{tmp}/o"], "directory"),
+    (["prune", "--checkpoint", "{ckpt}", "--percent", "1.2", "--save", "{tmp}/o"], "percent"),
+    (["prune", "--checkpoint", "{ckpt}", "--percent", "-0.1", "--save", "{tmp}/o"], "percent"),
+    (["prune", "--checkpoint", "{ckpt}", "--threshold", "-1", "--save", "{tmp}/o"], "threshold"),
+    (["prune", "--checkpoint", "{ckpt}", "--threshold", "99", "--save", "{tmp}/o"], "every"),
+    (["prune", "--checkpoint", "{ckpt}", "--save", "{tmp}/o"], "--percent"),
+    (["prune", "--checkpoint", "{junk}", "--percent", "0.5", "--save", "{tmp}/o"], "corrupt"),
+    (["prune", "--checkpoint", "{ckpt}", "--percent", "0.5", "--save", "{junk}/o"], "is a file"),
+    (["train", "--arch", "resnet", "--save", "{tmp}/t", "--dataset", "synthetic"], "unknown arch"),
+    (["train", "--arch", "vgg", "--cfg", "8,X", "--save", "{tmp}/t"], "cfg"),
+    (["train", "--epochs", "0", "--save", "{tmp}/t"], "positive integer"),
+    (["train", "--lr", "-1", "--save", "{tmp}/t"], "positive"),
+    (["train", "--dataset", "mnist", "--save", "{tmp}/t"], "invalid choice"),
+    (["train", "--dataset", "imagefolder", "--data-root", "{tmp}", "--save", "{tmp}/t"],
+     "train/"),
+    (["train", "--dataset", "cifar10", "--data-root", "{tmp}/nodata", "--save", "{tmp}/t",
+      "--cpu"], "--download"),
+    (["eval", "--checkpoint", "{ckpt}", "--dataset", "imagefolder", "--cpu"], "--data-root"),
+    (["finetune", "--checkpoint", "{missing}", "--save", "{tmp}/f", "--dataset", "synthetic",
+      "--cpu"], "no such file"),
+])
+def test_user_errors_are_one_line_exit_2(argv, needle, tmp_path, sparse_run, capsys):
+    junk = tmp_path / "junk.pth"
+    junk.write_bytes(b"not a checkpoint")
+    fill = {"tmp": tmp_path, "ckpt": sparse_run / "last.pth", "junk": junk,
+            "missing": tmp_path / "missing.pth"}
+    argv = [a.format(**fill) for a in argv]
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_where_there_is_none(sparse_run, capsys):
+    code, _, err = run(capsys, "eval", "--checkpoint", sparse_run / "last.pth", "--device", "cuda",
+                       "--dataset", "synthetic")
+    assert code == 2 and "no CUDA device" in err
+
+
+def test_python_m_slimming_and_prune_does_not_import_torchvision(sparse_run, tmp_path):
+    code = ("import sys; from slimming.cli import main; "
+            f"rc = main(['prune', '--checkpoint', r'{sparse_run / 'last.pth'}', '--percent', "
+            f"'0.3', '--save', r'{tmp_path}']); "
+            "assert rc == 0; assert 'torchvision' not in sys.modules, 'torchvision imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    help_text = subprocess.run([sys.executable, "-m", "slimming", "--help"], check=True,
+                               capture_output=True, text=True).stdout
+    assert all(cmd in help_text for cmd in ("train", "prune", "finetune", "eval"))

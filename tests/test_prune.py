@@ -1,0 +1,202 @@
+"""The pruning core: global threshold, never-empty guard, cfg/cfg_mask, and the equivalence
+property (pruned network == original with the pruned channels' BN weight and bias zeroed)."""
+
+import copy
+import math
+import random
+
+import pytest
+import torch
+from conftest import random_cfg, randomize_bn
+from torch import nn
+
+import models
+from slimming import channel_masks, checkpoint_dict, load_model, prune, save_checkpoint
+from slimming.prune import prunable_bns
+
+PERCENTS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95]
+FAMILIES = [("nin", None), ("vgg", 11), ("vgg", 13), ("vgg", 16), ("vgg", 19)]
+
+
+def zeroed_reference(model: nn.Module, cfg_mask) -> nn.Module:
+    """The original network with every pruned channel's BN weight and bias set to zero."""
+    ref = copy.deepcopy(model)
+    bns = [m for m in ref.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(bns) == len(cfg_mask)
+    with torch.no_grad():
+        for bn, mask in zip(bns, cfg_mask):
+            bn.weight[~mask] = 0
+            bn.bias[~mask] = 0
+    return ref
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("arch,depth", FAMILIES)
+@pytest.mark.parametrize("seed", range(3))
+def test_pruned_equals_zeroed_original(arch, depth, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    cfg = random_cfg(arch, rng, depth or 11)
+    model = models.build(arch, cfg=cfg, num_classes=rng.randint(2, 12)).eval()
+    randomize_bn(model, gen, zero_frac=rng.choice([0.0, 0.3, 0.6]))
+    x = torch.randn(4, 3, 32, 32, generator=gen)
+    for percent in PERCENTS:
+        min_channels = rng.randint(1, 3)
+        result = prune(model, percent=percent, min_channels=min_channels)
+        expected = zeroed_reference(model, result.cfg_mask)(x)
+        got = result.model(x)
+        assert got.shape == expected.shape
+        assert rel_diff(got, expected) < 1e-4, (arch, depth, cfg, percent)
+        kept = [int(m.sum()) for m in result.cfg_mask]
+        bns = [m for m in result.model.modules() if isinstance(m, nn.BatchNorm2d)]
+        assert [bn.num_features for bn in bns] == kept  # cfg_mask describes the new network
+        assert all(k >= min(min_channels, m.numel()) for k, m in zip(kept, result.cfg_mask))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_percent_removes_exactly_floor_p_times_n_smallest(seed):
+    gen = torch.Generator().manual_seed(seed)
+    model = models.build("vgg", depth=11, num_classes=10)
+    randomize_bn(model, gen)
+    gammas = [bn.weight.detach().abs() for bn in prunable_bns(model)]
+    flat = torch.cat(gammas)
+    n = flat.numel()
+    for percent in [0.0, 0.05, 0.29, 0.5, 0.7, 0.99]:
+        masks, threshold = channel_masks(model, percent=percent)
+        k = math.floor(percent * n + 1e-9)
+        cut = flat.sort().values[k - 1].item() if k else -1.0  # gammas are distinct here
+        guarded = 0
+        for g, mask in zip(gammas, masks):
+            if (g > cut).any():
+                assert torch.equal(mask, g > cut)  # below the global cut: removed, above: kept
+            else:  # the whole layer is under the cut: the guard keeps its largest channel
+                assert torch.equal(mask, g == g.max())
+                guarded += 1
+        assert n - int(torch.cat(masks).sum()) == k - guarded
+        assert threshold == (cut if k else None)
+
+
+def test_threshold_removes_channels_at_or_below_it(tiny_vgg):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(1))
+    t = 0.4
+    masks, threshold = channel_masks(tiny_vgg, threshold=t)
+    for bn, mask in zip(prunable_bns(tiny_vgg), masks):
+        g = bn.weight.detach().abs()
+        if (g > t).any():  # the guard does not step in
+            assert torch.equal(mask, g > t)
+    assert threshold == t
+
+
+@pytest.mark.parametrize("min_channels", [1, 3])
+def test_never_empty_guard_keeps_largest(tiny_vgg, min_channels):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(2))
+    victim = prunable_bns(tiny_vgg)[2]
+    with torch.no_grad():
+        victim.weight.copy_(torch.linspace(1e-6, 1e-5, victim.num_features))
+    result = prune(tiny_vgg.eval(), percent=0.5, min_channels=min_channels)
+    mask = result.cfg_mask[2]
+    assert int(mask.sum()) == min_channels
+    assert mask[-min_channels:].all()  # the largest |gamma| in that layer survive
+
+
+def test_guard_when_threshold_empties_a_layer(tiny_vgg):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        prunable_bns(tiny_vgg)[0].weight.fill_(0.01)
+    result = prune(tiny_vgg.eval(), threshold=0.05)
+    assert result.cfg[0] == 1
+
+
+def test_percent_zero_keeps_everything(tiny_vgg):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(4))
+    result = prune(tiny_vgg.eval(), percent=0.0)
+    assert result.cfg == tiny_vgg.cfg
+    assert all(m.all() for m in result.cfg_mask)
+    for (k, a), b in zip(tiny_vgg.state_dict().items(), result.model.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"percent": -0.1}, "percent"), ({"percent": 1.0}, "percent"),
+    ({"percent": 1.5}, "percent"), ({"percent": float("nan")}, "percent"),
+    ({"threshold": -1.0}, "threshold"), ({"threshold": 100.0}, "every"),
+    ({"percent": 0.5, "threshold": 0.1}, "exactly one"), ({}, "exactly one"),
+    ({"percent": 0.5, "min_channels": 0}, "min_channels"),
+])
+def test_refused_arguments(tiny_vgg, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        prune(tiny_vgg, **kwargs)
+
+
+def test_model_without_bn_is_refused():
+    class Plain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+    with pytest.raises(ValueError, match="no prunable BatchNorm2d"):
+        channel_masks(Plain(), percent=0.5)
+
+
+def test_cfg_mask_convention_for_nin():
+    model = models.build("nin", cfg=[8, 7, 6, 5, 4, 3, 2, 9], num_classes=5).eval()
+    randomize_bn(model, torch.Generator().manual_seed(5))
+    result = prune(model, percent=0.6)
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert len(result.cfg_mask) == len(bns) == 9
+    assert all(m.dtype == torch.bool for m in result.cfg_mask)
+    assert result.cfg_mask[-1].all() and result.cfg_mask[-1].numel() == 5
+    assert result.cfg == [int(m.sum()) for m in result.cfg_mask[:8]]
+    assert [name for name, _, _ in result.layer_table()][0] == "feature.1"
+
+
+def test_original_untouched_and_new_model_trainable(tiny_vgg):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(6))
+    before = {k: v.clone() for k, v in tiny_vgg.state_dict().items()}
+    result = prune(tiny_vgg, percent=0.5)
+    for k, v in tiny_vgg.state_dict().items():
+        assert torch.equal(v, before[k])
+    new = result.model
+    assert new.training and not any(p.is_meta for p in new.parameters())
+    assert all(isinstance(p, nn.Parameter) and p.requires_grad for p in new.parameters())
+    new(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert all(p.grad is not None for p in new.parameters())
+
+
+def test_new_network_is_not_initialised_for_nothing(tiny_vgg, monkeypatch):
+    """Every init call made while pruning lands on the meta device: no real work wasted."""
+    seen = []
+    real = nn.init.kaiming_normal_
+
+    def spy(tensor, *args, **kwargs):
+        seen.append(tensor.is_meta)
+        return real(tensor, *args, **kwargs)
+
+    monkeypatch.setattr(nn.init, "kaiming_normal_", spy)
+    prune(tiny_vgg, percent=0.5)
+    assert seen and all(seen)
+
+
+def test_prune_twice_still_equivalent(tiny_vgg):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(7))
+    model = tiny_vgg.eval()
+    x = torch.randn(2, 3, 32, 32)
+    once = prune(model, percent=0.3)
+    twice = prune(once.model, percent=0.3)
+    expected = zeroed_reference(once.model, twice.cfg_mask)(x)
+    assert rel_diff(twice.model(x), expected) < 1e-4
+
+
+def test_pruned_checkpoint_round_trip(tiny_vgg, tmp_path):
+    randomize_bn(tiny_vgg, torch.Generator().manual_seed(8))
+    result = prune(tiny_vgg.eval(), percent=0.5)
+    path = tmp_path / "pruned.pth"
+    save_checkpoint(checkpoint_dict(result.model, cfg_mask=result.cfg_mask), path)
+    raw = torch.load(path, weights_only=True)
+    assert raw["cfg"] == result.cfg and len(raw["cfg_mask"]) == len(result.cfg_mask)
+    loaded = load_model(path)
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.equal(loaded(x), result.model(x))
