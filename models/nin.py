@@ -40,6 +40,8 @@ class Net(nn.Module):
                 layers += block(cin, cout, *item)
                 cin = cout
         self.feature = nn.Sequential(*layers)
+        if layers[0].weight.is_meta:  # build(empty=True): weights come by assignment
+            return
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 nn.init.constant_(m.weight, 0.5)
@@ -50,7 +52,8 @@ class Net(nn.Module):
         return x.flatten(1)
 
     def prunable_bns(self) -> list[nn.BatchNorm2d]:
-        return [m for m in self.feature if isinstance(m, nn.BatchNorm2d)][:-1]
+        # _BatchNorm: also SyncBatchNorm, which --sync-bn swaps in during training
+        return [m for m in self.feature if isinstance(m, nn.modules.batchnorm._BatchNorm)][:-1]
 
     def pruned_cfg(self, kept: list[int]) -> list:
         return list(kept)

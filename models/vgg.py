@@ -56,6 +56,8 @@ class Net(nn.Module):
         self.options = {"depth": depth, "num_classes": num_classes}  # what build() needs besides cfg
         self.feature = make_layers(cfg)
         self.classifier = nn.Linear(cfg[-1], num_classes)
+        if self.classifier.weight.is_meta:  # build(empty=True): weights come by assignment
+            return
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -72,7 +74,8 @@ class Net(nn.Module):
         return self.classifier(x.flatten(1))
 
     def prunable_bns(self) -> list[nn.BatchNorm2d]:
-        return [m for m in self.feature if isinstance(m, nn.BatchNorm2d)]
+        # _BatchNorm: also SyncBatchNorm, which --sync-bn swaps in during training
+        return [m for m in self.feature if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
     def pruned_cfg(self, kept: list[int]) -> list:
         """The cfg with each width replaced by ``kept`` (one count per prunable BN, in order)."""

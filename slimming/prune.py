@@ -27,11 +27,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
-    """The BatchNorm layers whose channels may be cut: the model's own list, else every BN2d."""
+    """The BatchNorm layers whose channels may be cut: the model's own list, else every BN2d
+    (SyncBatchNorm included)."""
     model = unwrap(model)
     if hasattr(model, "prunable_bns"):
         return model.prunable_bns()
-    return [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    return [m for m in model.modules() if isinstance(m, (nn.BatchNorm2d, nn.SyncBatchNorm))]
 
 
 def channel_masks(model: nn.Module, percent: float | None = None, threshold: float | None = None,

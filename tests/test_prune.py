@@ -166,18 +166,27 @@ def test_original_untouched_and_new_model_trainable(tiny_vgg):
     assert all(p.grad is not None for p in new.parameters())
 
 
-def test_new_network_is_not_initialised_for_nothing(tiny_vgg, monkeypatch):
-    """Every init call made while pruning lands on the meta device: no real work wasted."""
-    seen = []
-    real = nn.init.kaiming_normal_
+@pytest.mark.parametrize("arch", ["vgg", "nin"])
+def test_new_network_is_not_initialised_for_nothing(arch, monkeypatch):
+    """No initialiser touches real memory while pruning: the new network lives on the meta
+    device until the kept weights are assigned (PyTorch's own layer constructors still call
+    theirs there, at no cost), and our families skip their own init loop entirely."""
+    model = models.build(arch, cfg=[6] * 8 if arch == "nin" else [6, "M", 6, "M", 6, "M", 6, "M", 6])
+    calls = []
+    for name in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "constant_", "zeros_"):
+        real = getattr(nn.init, name)
 
-    def spy(tensor, *args, **kwargs):
-        seen.append(tensor.is_meta)
-        return real(tensor, *args, **kwargs)
+        def spy(tensor, *a, _real=real, _name=name, **k):
+            calls.append((_name, tensor.is_meta))
+            return _real(tensor, *a, **k)
 
-    monkeypatch.setattr(nn.init, "kaiming_normal_", spy)
-    prune(tiny_vgg, percent=0.5)
-    assert seen and all(seen)
+        monkeypatch.setattr(nn.init, name, spy)
+    prune(model, percent=0.5)
+    assert all(is_meta for _, is_meta in calls)
+    assert not {"kaiming_normal_", "constant_", "normal_"} & {name for name, _ in calls}
+    calls.clear()
+    models.build(arch, cfg=model.cfg)  # an ordinary build does initialise, on real memory
+    assert calls and not any(is_meta for _, is_meta in calls)
 
 
 def test_prune_twice_still_equivalent(tiny_vgg):
