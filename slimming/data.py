@@ -2,21 +2,34 @@
 
 Training batches get a random 32x32 crop of the 4-pixel zero-padded image and a horizontal
 flip; every batch is normalised per channel. Imports torchvision only when called.
+
+Two loaders serve the same batches. ``TensorLoader`` (``loader="fast"``) keeps the whole dataset
+as one uint8 tensor on the training device and augments a whole batch with a few tensor ops: no
+worker processes, no per-image Python. ``loader="torchvision"`` is the usual Dataset + DataLoader.
+An ImageFolder is decoded once and cached as a ``.pt`` file for the fast loader.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 DATASETS = ("cifar10", "cifar100", "imagefolder", "synthetic")
+LOADERS = ("fast", "torchvision")
 # Per-channel mean and std of the CIFAR training images (as in the paper's code); the
 # imagefolder and synthetic datasets use CIFAR-10's: BN makes the exact values matter little.
 STATS = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
          "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))}
+PADDING = 4  # RandomCrop(32, padding=4)
+CACHE_FORMAT, CACHE_VERSION = "slimming-decoded", 1
 
 
 class DataError(ValueError):
@@ -34,7 +47,7 @@ def transforms(name: str, train: bool, from_pil: bool):
     mean, std = STATS.get(name, STATS["cifar10"])
     ops = [v2.ToImage()] if from_pil else []
     if train:
-        ops += [v2.RandomCrop(32, padding=4), v2.RandomHorizontalFlip()]
+        ops += [v2.RandomCrop(32, padding=PADDING), v2.RandomHorizontalFlip()]
     ops += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
     return v2.Compose(ops)
 
@@ -71,6 +84,150 @@ def synthetic_images(n: int, num_classes: int = 10, seed: int = 0, split_seed: i
     return images, labels
 
 
+# --------------------------------------------------------------------------- batch-wise augmentation
+
+def crop_flip(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, flip: torch.Tensor,
+              padding: int = PADDING) -> torch.Tensor:
+    """Crop every image of a batch from its zero-padded copy at its own offset, mirrored where
+    asked. ``images`` (B, C, H, W) any dtype; ``top``, ``left`` int64 (B,) in [0, 2 * padding];
+    ``flip`` bool (B,). Returns (B, C, H, W): ``out[i] = pad(images[i])[:, top:top+H, left:left+W]``,
+    flipped left-right where ``flip[i]``. A few tensor ops, no Python loop over the batch."""
+    b, c, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (padding,) * 4)  # zeros: padded before normalising
+    windows = padded.unfold(2, h, 1).unfold(3, w, 1)  # a view (B, C, 2p+1, 2p+1, H, W), no copy
+    out = windows.permute(0, 2, 3, 1, 4, 5)[torch.arange(b, device=images.device), top, left]
+    return torch.where(flip[:, None, None, None], out.flip(3), out)
+
+
+def normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 (B, C, H, W) -> float32 ``(x / 255 - mean) / std``, mean and std (1, C, 1, 1); the
+    same operations in the same order as torchvision's ToDtype(scale=True) + Normalize."""
+    return images.float().mul_(1.0 / 255).sub_(mean).div_(std)
+
+
+class TensorLoader:
+    """Batches from images held in memory on ``device``: ``images`` uint8 (N, 3, H, W),
+    ``labels`` int64 (N,). Yields ``(x, y)``: x float32 (B, 3, H, W) normalised with ``mean`` and
+    ``std``, y int64 (B,), both on ``device``; the last batch may be smaller.
+
+    ``train=True``: a seeded shuffle and, per sample, a random crop of the zero-padded image and a
+    random horizontal flip. The epoch's order and augmentation are a pure function of
+    ``(seed, epoch)``: ``set_epoch(e)`` selects epoch ``e`` (like DistributedSampler), so a resumed
+    run sees the same batches; without it each pass moves on to the next epoch by itself.
+    With ``world_size`` W every rank draws the same permutation, pads it to a multiple of W by
+    repeating its start and takes ``perm[rank::W]``: every rank gets the same number of batches.
+
+    ``train=False``: no shuffle, no augmentation; rank r gets samples r, r + W, r + 2W, ...
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, batch_size: int, *, train: bool,
+                 mean: Sequence[float], std: Sequence[float], seed: int | None = None,
+                 device: str | torch.device = "cpu", rank: int = 0, world_size: int = 1) -> None:
+        if (images.dtype != torch.uint8 or images.dim() != 4 or len(images) != len(labels)
+                or len(labels) == 0):
+            raise ValueError(f"expected uint8 images (N, C, H, W) and N labels, N > 0, got {images.dtype} "
+                             f"{tuple(images.shape)} and {tuple(labels.shape)}")
+        _check_rank(rank, world_size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        self.device = torch.device(device)
+        self.images = images.contiguous().to(self.device)  # moved once; batches are gathered there
+        self.labels = labels.to(self.device, torch.int64)
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=self.device).view(1, -1, 1, 1)
+        self.batch_size, self.train, self.rank, self.world_size = batch_size, train, rank, world_size
+        self.seed = _pick_seed(seed, world_size)
+        self.epoch = 0
+        self.dataset_size = len(labels)
+        self.num_samples = (math.ceil(self.dataset_size / world_size) if train
+                            else len(range(rank, self.dataset_size, world_size)))
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch."""
+        return math.ceil(self.num_samples / self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def plan(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None,
+                                        torch.Tensor | None]:
+        """This rank's sample indices (num_samples,) for ``epoch`` and, when training, the crop
+        offsets ``top``, ``left`` (num_samples,) and ``flip`` flags, all on the CPU."""
+        n, world = self.dataset_size, self.world_size
+        if not self.train:
+            return torch.arange(self.rank, n, world), None, None, None
+        g = torch.Generator().manual_seed(self.seed + epoch)  # as DistributedSampler does
+        total = self.num_samples * world
+        perm = torch.randperm(n, generator=g)
+        perm = perm.repeat(math.ceil(total / n))[:total]  # pad by repeating the start
+        # drawn for every position of the padded order on every rank: a sample's augmentation
+        # depends on (seed, epoch, position) only, not on the rank that gets it
+        top = torch.randint(2 * PADDING + 1, (total,), generator=g)
+        left = torch.randint(2 * PADDING + 1, (total,), generator=g)
+        flip = torch.rand(total, generator=g) < 0.5
+        take = slice(self.rank, total, world)
+        return perm[take], top[take], left[take], flip[take]
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        epoch, self.epoch = self.epoch, self.epoch + 1  # taken now, not at the first next()
+        return self._batches(*(t.to(self.device) if t is not None else None for t in self.plan(epoch)))
+
+    def _batches(self, index, top, left, flip) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for start in range(0, self.num_samples, self.batch_size):
+            batch = slice(start, start + self.batch_size)
+            idx = index[batch]
+            x = self.images[idx]
+            if self.train:
+                x = crop_flip(x, top[batch], left[batch], flip[batch])
+            yield normalize(x, self.mean, self.std), self.labels[idx]
+
+
+class EpochDataLoader(DataLoader):
+    """A DataLoader with ``set_epoch`` (forwarded to a DistributedSampler, otherwise reseeding
+    the shuffle generator with ``seed + epoch``, so that a resumed run sees the same order),
+    ``num_samples`` (samples this rank sees per epoch) and ``dataset_size``, like TensorLoader."""
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(self.sampler, DistributedSampler):
+            self.sampler.set_epoch(epoch)
+        elif self.generator is not None and getattr(self, "seed", None) is not None:
+            self.generator.manual_seed(self.seed + epoch)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.sampler)
+
+    @property
+    def dataset_size(self) -> int:
+        ds = self.dataset
+        return len(ds.dataset) if isinstance(ds, Subset) else len(ds)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
+
+
+def _pick_seed(seed: int | None, world_size: int) -> int:
+    """``seed``, else 0 under DDP (every rank must agree, as DistributedSampler's default), else
+    a fresh random one (leaving the global RNG untouched)."""
+    if seed is not None:
+        return int(seed)
+    return 0 if world_size > 1 else torch.Generator().seed() % 2**62
+
+
+# --------------------------------------------------------------------------- sources
+
+def _resolve_root(name: str, root) -> Path:
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    if root is None:
+        if name == "imagefolder":
+            raise DataError("--dataset imagefolder needs --data-root DIR holding train/ and test/")
+        return default_root()
+    return Path(root)
+
+
 def _imagefolder(root: Path, split: str, transform):
     from torchvision.datasets import ImageFolder
 
@@ -90,31 +247,21 @@ def _imagefolder(root: Path, split: str, transform):
     return ds
 
 
-def build_datasets(name: str, root: str | os.PathLike | None = None, download: bool = False):
-    """(train set, test set, number of classes) for dataset ``name`` under ``root``."""
-    if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    if name == "synthetic":
-        train = TensorImages(*synthetic_images(2560, split_seed=1), transforms(name, True, False))
-        test = TensorImages(*synthetic_images(512, split_seed=2), transforms(name, False, False))
-        return train, test, 10
-    if root is None:
-        if name == "imagefolder":
-            raise DataError("--dataset imagefolder needs --data-root DIR holding train/ and test/")
-        root = default_root()
-    root = Path(root)
-    if name == "imagefolder":
-        train = _imagefolder(root, "train", transforms(name, True, True))
-        test = _imagefolder(root, "test", transforms(name, False, True))
-        if train.classes != test.classes:
-            raise DataError(f"{root}: train/ and test/ hold different class folders")
-        return train, test, len(train.classes)
+def _imagefolders(root: Path, train_transform=None, test_transform=None):
+    train = _imagefolder(root, "train", train_transform)
+    test = _imagefolder(root, "test", test_transform)
+    if train.classes != test.classes:
+        raise DataError(f"{root}: train/ and test/ hold different class folders")
+    return train, test
+
+
+def _cifar(name: str, root: Path, download: bool, train_transform=None, test_transform=None):
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     try:
-        train = cls(str(root), train=True, download=download, transform=transforms(name, True, True))
-        test = cls(str(root), train=False, download=download, transform=transforms(name, False, True))
+        train = cls(str(root), train=True, download=download, transform=train_transform)
+        test = cls(str(root), train=False, download=download, transform=test_transform)
     except RuntimeError:
         raise DataError(f"{name} not found under {root}: pass --download to fetch it, point "
                         "--data-root at a folder that holds it, or use --dataset imagefolder "
@@ -122,18 +269,159 @@ def build_datasets(name: str, root: str | os.PathLike | None = None, download: b
     except OSError as e:  # a download that cannot reach the network
         raise DataError(f"{name}: download failed ({str(e).splitlines()[0]}); point --data-root "
                         "at a local copy or use --dataset imagefolder or synthetic") from None
+    return train, test
+
+
+def build_datasets(name: str, root: str | os.PathLike | None = None, download: bool = False):
+    """(train set, test set, number of classes) for dataset ``name`` under ``root``."""
+    root = _resolve_root(name, root)
+    if name == "synthetic":
+        train = TensorImages(*synthetic_images(2560, split_seed=1), transforms(name, True, False))
+        test = TensorImages(*synthetic_images(512, split_seed=2), transforms(name, False, False))
+        return train, test, 10
+    if name == "imagefolder":
+        train, test = _imagefolders(root, transforms(name, True, True), transforms(name, False, True))
+    else:
+        train, test = _cifar(name, root, download, transforms(name, True, True),
+                             transforms(name, False, True))
     return train, test, len(train.classes)
 
 
-def build_loaders(name: str, root=None, batch_size: int = 64, workers: int = 0,
-                  download: bool = False, seed: int | None = None, pin_memory: bool = False):
-    """(train loader, test loader, number of classes). The train loader shuffles with a
-    generator seeded from ``seed`` so that a seeded run sees the same batches."""
+def _decode(path: str) -> torch.Tensor:
+    """One image file -> uint8 (3, H, W) RGB (grayscale and alpha images converted)."""
+    try:
+        from torchvision.io import ImageReadMode, decode_image, read_file
+    except ImportError:  # decoders deprecated in torchvision 0.29, to be removed: PIL, slower
+        from PIL import Image
+        from torchvision.transforms.v2.functional import pil_to_tensor
+
+        with Image.open(path) as im:
+            return pil_to_tensor(im.convert("RGB"))
+    return decode_image(read_file(path), mode=ImageReadMode.RGB)
+
+
+def _decode_all(samples: list[tuple[str, int]], folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    images = torch.empty(len(samples), 3, 32, 32, dtype=torch.uint8)
+    with warnings.catch_warnings():  # torchvision 0.29 warns of the deprecation on every call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for i, (path, _) in enumerate(samples):
+            try:
+                x = _decode(path)
+            except RuntimeError as e:
+                raise DataError(f"{path}: cannot decode this image ({str(e).splitlines()[0]})") from None
+            if x.shape[1:] != (32, 32):
+                raise DataError(f"{folder}: images must be 32x32 for these networks, found "
+                                f"{x.shape[2]}x{x.shape[1]} ({path}); resize them first")
+            images[i] = x
+    return images, torch.tensor([label for _, label in samples], dtype=torch.int64)
+
+
+def _listing_key(root: Path, samples: list[tuple[str, int]]) -> str:
+    """Hash of the folder's absolute path and its sorted files with labels, sizes and mtimes."""
+    h = hashlib.sha256(f"{CACHE_VERSION}\n{root.resolve()}\n".encode())
+    for path, label in sorted(samples):
+        st = os.stat(path)
+        h.update(f"{os.path.relpath(path, root)}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _read_cache(path: Path, key: str) -> dict | None:
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # missing, truncated, corrupt, not ours: rebuilt by the caller
+        return None
+    fields = ("train_images", "train_labels", "test_images", "test_labels")
+    if (isinstance(blob, dict) and blob.get("format") == CACHE_FORMAT and blob.get("key") == key
+            and all(isinstance(blob.get(f), torch.Tensor) for f in fields)):
+        return blob
+    return None
+
+
+def decode_imagefolder(root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> dict:
+    """Decode ``root/train/<class>/*`` and ``root/test/<class>/*`` once, cached in ``cache_dir``
+    (default ``~/.cache/slimming/decoded``) under a key of the folder's path and its files'
+    names, sizes and mtimes: any change to the folder rebuilds the cache.
+
+    Returns ``{"classes": [...] (ImageFolder's order), "train_images": uint8 (N, 3, 32, 32),
+    "train_labels": int64 (N,), "test_images": ..., "test_labels": ...}``.
+    """
+    root = Path(root)
+    train, test = _imagefolders(root)  # validates the layout; lists files as ImageFolder does
+    key = _listing_key(root, train.samples + test.samples)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_root().parent / "decoded"
+    path = cache_dir / f"imagefolder-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]}.pt"
+    blob = _read_cache(path, key)
+    if blob is not None:
+        return blob
+    n = len(train.samples) + len(test.samples)
+    print(f"slimming: decoding {n:,} images of {root} once, cached in {path}", file=sys.stderr)
+    train_images, train_labels = _decode_all(train.samples, root / "train")
+    test_images, test_labels = _decode_all(test.samples, root / "test")
+    blob = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "key": key, "classes": train.classes,
+            "train_images": train_images, "train_labels": train_labels,
+            "test_images": test_images, "test_labels": test_labels}
+    from .checkpoint import save_checkpoint
+
+    try:
+        save_checkpoint(blob, path)
+    except OSError as e:  # a read-only or full cache folder: train anyway, decode again next time
+        print(f"slimming: cannot write the decoded-image cache {path}: {e}", file=sys.stderr)
+    return blob
+
+
+def load_images(name: str, root: str | os.PathLike | None = None, download: bool = False,
+                cache_dir: str | os.PathLike | None = None):
+    """The whole dataset as tensors: ``(train_images uint8 (N, 3, 32, 32), train_labels int64
+    (N,), test_images (M, 3, 32, 32), test_labels (M,), num_classes)``."""
+    root = _resolve_root(name, root)
+    if name == "synthetic":
+        return *synthetic_images(2560, split_seed=1), *synthetic_images(512, split_seed=2), 10
+    if name == "imagefolder":
+        b = decode_imagefolder(root, cache_dir)
+        return b["train_images"], b["train_labels"], b["test_images"], b["test_labels"], len(b["classes"])
+    train, test = _cifar(name, root, download)
+
+    def nchw(ds) -> tuple[torch.Tensor, torch.Tensor]:  # .data is NumPy (N, 32, 32, 3) uint8
+        return (torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(),
+                torch.tensor(ds.targets, dtype=torch.int64))
+
+    return *nchw(train), *nchw(test), len(train.classes)
+
+
+# --------------------------------------------------------------------------- loaders
+
+def build_loaders(name: str, root: str | os.PathLike | None = None, batch_size: int = 64,
+                  workers: int = 0, download: bool = False, seed: int | None = None,
+                  pin_memory: bool = False, loader: str = "fast", device: str | torch.device = "cpu",
+                  rank: int = 0, world_size: int = 1, cache_dir: str | os.PathLike | None = None):
+    """(train loader, test loader, number of classes) for this ``rank`` of ``world_size``.
+
+    ``loader="fast"``: two TensorLoaders holding the data on ``device`` (``workers`` and
+    ``pin_memory`` unused). ``loader="torchvision"``: Dataset + DataLoader with ``workers``
+    processes; under DDP a DistributedSampler for training and a strided, unpadded test shard.
+    Both kinds have ``set_epoch(epoch)`` and ``num_samples``; both shuffle from ``seed``, so a
+    seeded run sees the same batches.
+    """
+    if loader not in LOADERS:
+        raise DataError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADERS)}")
+    _check_rank(rank, world_size)
+    seed = _pick_seed(seed, world_size)
+    test_batch = max(256, batch_size)
+    if loader == "fast":
+        train_x, train_y, test_x, test_y, num_classes = load_images(name, root, download, cache_dir)
+        mean, std = STATS.get(name, STATS["cifar10"])
+        common = dict(mean=mean, std=std, seed=seed, device=device, rank=rank, world_size=world_size)
+        return (TensorLoader(train_x, train_y, batch_size, train=True, **common),
+                TensorLoader(test_x, test_y, test_batch, train=False, **common), num_classes)
     train, test, num_classes = build_datasets(name, root, download)
-    g = torch.Generator()
-    g.manual_seed(seed if seed is not None else torch.seed())
+    g = torch.Generator().manual_seed(seed)
     common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
-    train_loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=g,
-                              drop_last=False, **common)
-    test_loader = DataLoader(test, batch_size=max(256, batch_size), shuffle=False, **common)
+    if world_size > 1:
+        sampler = DistributedSampler(train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed)
+        train_loader = EpochDataLoader(train, batch_size=batch_size, sampler=sampler, generator=g, **common)
+        test = Subset(test, range(rank, len(test), world_size))
+    else:
+        train_loader = EpochDataLoader(train, batch_size=batch_size, shuffle=True, generator=g, **common)
+        train_loader.seed = seed
+    test_loader = EpochDataLoader(test, batch_size=test_batch, shuffle=False, **common)
     return train_loader, test_loader, num_classes
