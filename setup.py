@@ -16,6 +16,7 @@ setup(
         "torchvision>=0.25",
         "numpy>=1.24",
         "tqdm>=4.60",
+        "pyyaml>=5.4",
     ],
     extras_require={"dev": ["pytest>=7", "ruff>=0.4"]},
     entry_points={"console_scripts": ["slimming=slimming.cli:main"]},

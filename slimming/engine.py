@@ -1,9 +1,16 @@
-"""The one train/evaluate loop, shared by ``slimming train`` and ``slimming finetune``."""
+"""The one train/evaluate loop, shared by ``slimming train`` and ``slimming finetune``.
+
+One optimisation step, in order: forward under autocast (``--amp``), ``backward()`` on the
+scaled loss, ``scaler.unscale_``, gradient clipping (``--grad-clip``), the L1 subgradient on the
+gammas (on unscaled, clipped gradients, so neither the loss scale nor clipping changes the
+sparsity strength), ``scaler.step`` (skips the step on inf/nan gradients), ``scaler.update``.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import random
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -15,9 +22,11 @@ from torch import nn
 from tqdm import tqdm
 
 from .checkpoint import checkpoint_dict, save_checkpoint
+from .distributed import DistInfo, all_reduce_sum
 from .sparsity import BNSparsity
 
 NO_CUDA_NOTICE = "slimming: no CUDA device found, running on the CPU"
+AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class TrainingError(RuntimeError):
@@ -43,105 +52,198 @@ def resolve_device(device: str | None = None, cpu: bool = False,
 
 
 def lr_milestones(epochs: int) -> list[int]:
-    """Epochs at which the learning rate is multiplied by 0.1: 50% and 75% of ``epochs``,
-    in integer arithmetic so that no milestone is skipped whatever the epoch count."""
+    """Epochs at which the step schedule multiplies the learning rate by 0.1: 50% and 75% of
+    ``epochs``, in integer arithmetic so that no milestone is skipped whatever the count."""
     return sorted({m for m in (epochs // 2, epochs * 3 // 4) if m > 0})
 
 
-def make_optimizer(model: nn.Module, lr: float = 0.1, momentum: float = 0.9,
-                   weight_decay: float = 1e-4, nesterov: bool = False) -> torch.optim.Optimizer:
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
-                           weight_decay=weight_decay, nesterov=nesterov and momentum > 0)
+def lr_factor(epoch: int, epochs: int, sched: str = "step", warmup_epochs: int = 0) -> float:
+    """The learning rate of ``epoch`` (0-based) as a fraction of the base rate."""
+    if epoch < warmup_epochs:
+        return (epoch + 1) / (warmup_epochs + 1)
+    if sched == "cosine":
+        span = max(epochs - warmup_epochs, 1)
+        return 0.5 * (1 + math.cos(math.pi * (epoch - warmup_epochs) / span))
+    return 0.1 ** sum(epoch >= m for m in lr_milestones(epochs))
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, epochs: int):
-    return torch.optim.lr_scheduler.MultiStepLR(optimizer, lr_milestones(epochs), gamma=0.1)
+def make_scheduler(optimizer: torch.optim.Optimizer, epochs: int, sched: str = "step",
+                   warmup_epochs: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Per-epoch schedule: ``step`` (x0.1 at 50% and 75%) or ``cosine``, after a linear warm-up."""
+    if sched not in ("step", "cosine"):
+        raise ValueError(f"unknown schedule {sched!r}; choose step or cosine")
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda e: lr_factor(e, epochs, sched, warmup_epochs))
 
 
-def train_one_epoch(model: nn.Module, loader: Iterable, optimizer: torch.optim.Optimizer,
-                    device: torch.device, sparsity: BNSparsity | None = None,
-                    desc: str = "train") -> dict[str, float]:
-    """One pass over ``loader``; returns mean loss and top-1 accuracy (%)."""
-    model.train()
-    criterion = nn.CrossEntropyLoss()
-    total_loss = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    seen = 0
-    bar = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True, disable=None)
-    for step, (x, y) in enumerate(bar):
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        out = model(x)
-        loss = criterion(out, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if sparsity is not None:
-            sparsity.apply()  # L1 subgradient on the gammas, between backward() and step()
-        optimizer.step()
-        total_loss += loss.detach() * len(y)
-        correct += (out.argmax(1) == y).sum()
-        seen += len(y)
-        if step % 20 == 0 and not bar.disable:
-            bar.set_postfix(loss=f"{total_loss.item() / seen:.3f}")
-    mean_loss = total_loss.item() / max(seen, 1)
-    if not math.isfinite(mean_loss):
-        raise TrainingError("the training loss became non-finite (nan/inf): lower --lr or "
-                            "--sparsity; the last good checkpoint is kept")
-    return {"loss": mean_loss, "acc": 100.0 * correct.item() / max(seen, 1)}
+def make_optimizer(model: nn.Module, opt: str = "sgd", lr: float = 0.1, momentum: float = 0.9,
+                   weight_decay: float = 1e-4, nesterov: bool = False,
+                   no_wd_bn: bool = False) -> torch.optim.Optimizer:
+    """SGD with momentum (the paper's) or AdamW. ``no_wd_bn`` exempts BN weights and biases
+    from weight decay, which otherwise pulls on the gammas the L1 term is shaping."""
+    bn_params = {id(p) for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                 for p in m.parameters(recurse=False)}
+    params = list(model.parameters())
+    if no_wd_bn:
+        groups = [{"params": [p for p in params if id(p) not in bn_params]},
+                  {"params": [p for p in params if id(p) in bn_params], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params}]
+    if opt == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, weight_decay=weight_decay,
+                               nesterov=nesterov and momentum > 0)
+    if opt == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"unknown optimizer {opt!r}; choose sgd or adamw")
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 @torch.inference_mode()
-def evaluate(model: nn.Module, loader: Iterable, device: torch.device) -> dict[str, float]:
-    """Mean cross-entropy and top-1 accuracy (%) of ``model`` over ``loader``."""
+def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
+             channels_last: bool = False, show_progress: bool = True) -> dict[str, float]:
+    """Mean cross-entropy, top-1 accuracy (%) and image count of ``model`` over ``loader``,
+    summed over all ranks when distributed."""
     model.eval()
-    total_loss = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.long, device=device)
-    seen = 0
-    for x, y in tqdm(loader, desc="test", leave=False, dynamic_ncols=True, disable=None):
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, count
+    for x, y in tqdm(loader, desc="test", leave=False, dynamic_ncols=True,
+                     disable=None if show_progress else True):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        out = model(x)
-        total_loss += nn.functional.cross_entropy(out, y, reduction="sum")
-        correct += (out.argmax(1) == y).sum()
-        seen += len(y)
-    return {"loss": total_loss.item() / max(seen, 1), "acc": 100.0 * correct.item() / max(seen, 1)}
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        out = model(x).float()
+        sums[0] += nn.functional.cross_entropy(out, y, reduction="sum")
+        sums[1] += (out.argmax(1) == y).sum()
+        sums[2] += len(y)
+    loss, correct, count = all_reduce_sum(sums).tolist()
+    return {"loss": loss / max(count, 1), "acc": 100.0 * correct / max(count, 1), "count": int(count)}
 
 
-def fit(model: nn.Module, train_loader: Iterable, test_loader: Iterable, *, epochs: int,
-        optimizer: torch.optim.Optimizer, scheduler, device: torch.device,
-        save_dir: str | Path, sparsity: BNSparsity | None = None,
-        extra: dict[str, Any] | None = None, log: Callable[[str], None] = print) -> dict:
-    """Train for ``epochs``, evaluating after each one.
+class Trainer:
+    """Owns the model, optimizer, schedule, AMP scaler and sparsity term of one run."""
 
-    Writes ``save_dir/last.pth`` every epoch, ``save_dir/best.pth`` on a new best test accuracy
-    and one JSON line per epoch to ``save_dir/metrics.jsonl`` (epoch, lr, train_loss,
-    train_acc, test_loss, test_acc, gamma_lt_1e-2, seconds). ``extra`` goes into every
-    checkpoint (the run's args, cfg_mask, ...). Returns the last epoch's metrics and best_acc.
-    """
-    save_dir = Path(save_dir)
-    save_dir.mkdir(parents=True, exist_ok=True)
-    probe = sparsity or BNSparsity(model, 0.0)  # reports the |gamma| fraction in any case
-    best_acc, row = 0.0, {}
-    for epoch in range(epochs):
-        start = time.perf_counter()
-        lr = optimizer.param_groups[0]["lr"]
-        train = train_one_epoch(model, train_loader, optimizer, device, sparsity,
-                                desc=f"epoch {epoch + 1}/{epochs}")
-        scheduler.step()
-        test = evaluate(model, test_loader, device)
-        row = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"], "train_acc": train["acc"],
-               "test_loss": test["loss"], "test_acc": test["acc"],
-               "gamma_lt_1e-2": probe.fraction_below(1e-2),
-               "seconds": round(time.perf_counter() - start, 3)}
-        is_best = test["acc"] > best_acc
-        best_acc = max(best_acc, test["acc"])
-        ckpt = checkpoint_dict(model, epoch=epoch + 1, acc=test["acc"], best_acc=best_acc,
-                               optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                               **(extra or {}))
-        save_checkpoint(ckpt, save_dir / "last.pth")
-        if is_best:
-            save_checkpoint(ckpt, save_dir / "best.pth")
-        with open(save_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(row) + "\n")
-        log(f"epoch {epoch + 1}/{epochs}  lr {lr:.4g}  train loss {train['loss']:.4f}  "
-            f"test loss {test['loss']:.4f}  test acc {test['acc']:.2f}%  "
-            f"|gamma|<1e-2 {100 * row['gamma_lt_1e-2']:.1f}%  {row['seconds']:.1f}s")
-    return {**row, "best_acc": best_acc}
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                 device: torch.device, *, sparsity: BNSparsity | None = None,
+                 amp_dtype: torch.dtype | None = None, grad_clip: float = 0.0,
+                 label_smoothing: float = 0.0, channels_last: bool = False,
+                 dist: DistInfo | None = None):
+        self.model, self.optimizer, self.scheduler, self.device = model, optimizer, scheduler, device
+        self.sparsity, self.amp_dtype, self.grad_clip = sparsity, amp_dtype, grad_clip
+        self.channels_last, self.dist = channels_last, dist or DistInfo()
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+        # float16 needs loss scaling; bfloat16 has float32's range and does not
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One optimisation step; returns (loss, logits, whether the step was applied)."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
+                            enabled=self.amp_dtype is not None):
+            out = self.model(x)
+            loss = self.criterion(out.float(), y)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        if self.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        if self.sparsity is not None:
+            # After unscale_: S does not depend on the loss scale. On an inf/nan step the
+            # scaler skips optimizer.step(), so the subgradient is never applied either.
+            self.sparsity.apply()
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        applied = scale is None or self.scaler.get_scale() >= scale
+        return loss.detach(), out.detach(), applied
+
+    def train_one_epoch(self, loader: Iterable, desc: str = "train") -> dict[str, float]:
+        """One pass over ``loader``: mean loss, top-1 accuracy (%) and skipped AMP steps."""
+        self.model.train()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
+        skipped = 0
+        bar = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
+                   disable=None if self.dist.is_main else True)
+        for i, (x, y) in enumerate(bar):
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            loss, out, applied = self.step(x, y)
+            skipped += not applied
+            sums[0] += loss * len(y)
+            sums[1] += (out.argmax(1) == y).sum()
+            sums[2] += len(y)
+            if i % 20 == 0 and not bar.disable:
+                bar.set_postfix(loss=f"{sums[0].item() / sums[2].item():.3f}")
+        loss, correct, count = all_reduce_sum(sums).tolist()
+        if not math.isfinite(loss):
+            raise TrainingError("the training loss became non-finite (nan/inf): lower --lr or "
+                                "--sparsity; the last good checkpoint is kept")
+        return {"loss": loss / max(count, 1), "acc": 100.0 * correct / max(count, 1),
+                "skipped": skipped}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything besides the weights that a resumed run needs."""
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(), "rng": rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        if state.get("rng"):
+            set_rng_state(state["rng"])
+
+    def fit(self, train_loader, test_loader, *, epochs: int, save_dir: str | Path,
+            start_epoch: int = 0, best_acc: float = 0.0, extra: dict[str, Any] | None = None,
+            log: Callable[[str], None] = print) -> dict:
+        """Train epochs ``start_epoch`` .. ``epochs - 1``, evaluating after each one.
+
+        Rank 0 writes ``save_dir/last.pth`` every epoch, ``save_dir/best.pth`` on a new best
+        test accuracy and one JSON line per epoch to ``save_dir/metrics.jsonl`` (epoch, lr,
+        train_loss, train_acc, test_loss, test_acc, gamma_lt_1e-2, amp_skipped, seconds).
+        ``extra`` goes into every checkpoint. Returns the last epoch's metrics and best_acc.
+        """
+        save_dir = Path(save_dir)
+        probe = self.sparsity or BNSparsity(self.model, 0.0)  # reports the |gamma| fraction
+        row: dict[str, Any] = {}
+        for epoch in range(start_epoch, epochs):
+            start = time.perf_counter()
+            if hasattr(train_loader, "set_epoch"):
+                train_loader.set_epoch(epoch)
+            lr = self.optimizer.param_groups[0]["lr"]
+            train = self.train_one_epoch(train_loader, desc=f"epoch {epoch + 1}/{epochs}")
+            self.scheduler.step()
+            test = evaluate(self.model, test_loader, self.device, self.channels_last,
+                            self.dist.is_main)
+            row = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"],
+                   "train_acc": train["acc"], "test_loss": test["loss"], "test_acc": test["acc"],
+                   "gamma_lt_1e-2": probe.fraction_below(1e-2), "amp_skipped": train["skipped"],
+                   "seconds": round(time.perf_counter() - start, 3)}
+            is_best = test["acc"] > best_acc
+            best_acc = max(best_acc, test["acc"])
+            if self.dist.is_main:
+                ckpt = checkpoint_dict(self.model, epoch=epoch + 1, acc=test["acc"],
+                                       best_acc=best_acc, **self.state_dict(), **(extra or {}))
+                save_checkpoint(ckpt, save_dir / "last.pth")
+                if is_best:
+                    save_checkpoint(ckpt, save_dir / "best.pth")
+                with open(save_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                skipped = f"  amp skipped {train['skipped']}" if self.scaler.is_enabled() else ""
+                log(f"epoch {epoch + 1}/{epochs}  lr {lr:.4g}  train loss {train['loss']:.4f}  "
+                    f"test loss {test['loss']:.4f}  test acc {test['acc']:.2f}%  "
+                    f"|gamma|<1e-2 {100 * row['gamma_lt_1e-2']:.1f}%{skipped}  "
+                    f"{row['seconds']:.1f}s")
+        return {**row, "best_acc": best_acc}

@@ -145,3 +145,33 @@ def test_python_m_slimming_and_prune_does_not_import_torchvision(sparse_run, tmp
     help_text = subprocess.run([sys.executable, "-m", "slimming", "--help"], check=True,
                                capture_output=True, text=True).stdout
     assert all(cmd in help_text for cmd in ("train", "prune", "finetune", "eval"))
+
+
+def test_config_file_with_command_line_override(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("arch: vgg\ncfg: [4, M, 4, M, 4, M, 4, M, 4]\nepochs: 3\nsparsity: 1e-3\n"
+                      "nesterov: true\nsched: cosine\nlabel_smoothing: 0.1\nno-wd-bn: true\n")
+    code, _, _ = run(capsys, "train", "--config", config, "--epochs", "1", "--save", tmp_path / "r",
+                     *DATA)
+    assert code == 0
+    args = torch.load(tmp_path / "r" / "last.pth", weights_only=True)["args"]
+    assert args["epochs"] == 1  # the command line wins
+    assert args["sparsity"] == 1e-3 and args["nesterov"] and args["sched"] == "cosine"
+    assert args["cfg"] == [4, "M", 4, "M", 4, "M", 4, "M", 4] and args["no_wd_bn"]
+    config.write_text("epochs: 1\nlearning_rate: 0.1\n")
+    code, _, err = run(capsys, "train", "--config", config, "--save", tmp_path / "s", *DATA)
+    assert code == 2 and "unknown key 'learning_rate'" in err and len(err.strip().splitlines()) == 1
+
+
+def test_amp_bf16_channels_last_adamw_from_the_command_line(tmp_path, capsys):
+    code, out, _ = run(capsys, "train", "--arch", "vgg", "--cfg", TINY, "--epochs", "1", "--amp",
+                       "--channels-last", "--opt", "adamw", "--lr", "1e-3", "--grad-clip", "5",
+                       "--warmup-epochs", "1", "--save", tmp_path, *DATA)
+    assert code == 0
+    ckpt = torch.load(tmp_path / "last.pth", weights_only=True)
+    assert ckpt["args"]["amp"] and ckpt["scaler"] is not None
+    assert "betas" in ckpt["optimizer"]["param_groups"][0]  # AdamW's state
+    row = json.loads((tmp_path / "metrics.jsonl").read_text())
+    assert row["amp_skipped"] == 0 and row["lr"] == pytest.approx(0.5e-3)  # warm-up: half of lr
+    model = load_model(tmp_path / "last.pth")
+    assert model(torch.randn(1, 3, 32, 32)).dtype == torch.float32
