@@ -4,7 +4,9 @@ Each family lives in its own module with a ``Net(cfg=None, ...)`` class that car
 - ``arch``: its registry name; ``options``: the keyword arguments that rebuild it besides ``cfg``;
 - ``cfg``: the widths pruning may change;
 - ``prunable_bns()``: the BatchNorm layers whose channels may be cut, and
-  ``pruned_cfg(kept)``: the cfg once those layers keep ``kept`` channels each.
+  ``pruned_cfg(kept)``: the cfg once those layers keep ``kept`` channels each;
+- families whose layers are not a chain (``preresnet``, ``densenet``) also declare
+  ``channel_slices()``: per BatchNorm2d, the weights its channel mask cuts (see slimming.prune).
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import nin, vgg
+from . import densenet, nin, preresnet, vgg
 
-ARCHS: dict[str, type[nn.Module]] = {net.arch: net for net in (nin.Net, vgg.Net)}
+ARCHS: dict[str, type[nn.Module]] = {net.arch: net for net in (nin.Net, vgg.Net, preresnet.Net,
+                                                                  densenet.Net)}
 
 
 def build(arch: str, cfg: list | None = None, *, empty: bool = False, **options: Any) -> nn.Module:

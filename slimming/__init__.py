@@ -11,11 +11,12 @@ from .checkpoint import (
                          load_model,
                          save_checkpoint,
 )
-from .prune import PruneResult, channel_masks, count_params, prunable_bns, prune
+from .prune import PruneResult, channel_masks, prunable_bns, prune
 from .sparsity import BNSparsity, add_l1_subgradient
+from .stats import count_flops, count_params, model_stats
 
 __version__ = "0.1.0"
 
 __all__ = ["BNSparsity", "CheckpointError", "PruneResult", "add_l1_subgradient", "channel_masks",
-           "checkpoint_dict", "count_params", "load_checkpoint", "load_model", "prunable_bns",
-           "prune", "save_checkpoint"]
+           "checkpoint_dict", "count_flops", "count_params", "load_checkpoint", "load_model",
+           "model_stats", "prunable_bns", "prune", "save_checkpoint"]

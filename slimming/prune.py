@@ -1,14 +1,18 @@
 """Pruning: which channels to cut (a global |gamma| threshold) and how to cut them.
 
 "Which" is architecture-free: one threshold over the |gamma| of every prunable BatchNorm layer.
-"How" rebuilds ``Net(cfg)`` with the surviving widths and copies the kept weights layer by layer,
-walking the old and new ``modules()`` side by side with a ``start_mask`` (input channels) and
-an ``end_mask`` (output channels), as the paper's code does for chain-shaped networks.
+"How" rebuilds ``Net(cfg)`` with the surviving widths (on the meta device) and fills it with the
+kept weights, by the family's surgery in ``SURGERY``: for chain-shaped networks (NIN, VGG), a walk
+over the old and new ``modules()`` side by side with a ``start_mask`` (input channels) and an
+``end_mask`` (output channels), as the paper's code does; for the pre-activation ResNet and
+DenseNet, whose layers read shared tensors, the family declares per BN which weights its mask
+cuts (``channel_slices()``) and ``copy_sliced_weights`` applies exactly that.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -115,6 +119,44 @@ def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tens
     new.load_state_dict(state, assign=True)
 
 
+def copy_sliced_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> None:
+    """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
+
+    ``old.channel_slices()`` lists, per BatchNorm2d in ``modules()`` order (``cfg_mask``'s
+    order), the (state_dict key, dim) pairs whose extent along dim is that BN's channels; each
+    is cut to the mask's kept channels (a conv weight may be cut twice: its output channels by
+    one BN's mask, its input channels by another's). Every other tensor is copied whole. Strict
+    loading turns any tensor the plan left at a wrong shape into an error.
+    """
+    plan = old.channel_slices()
+    if len(plan) != len(cfg_mask):
+        raise ValueError(f"{len(cfg_mask)} masks for {len(plan)} BatchNorm layers")
+    cuts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for slices, mask in zip(plan, cfg_mask):
+        for key, dim in slices:
+            cuts.setdefault(key, []).append((dim, mask))
+    state = {}
+    for key, t in old.state_dict().items():
+        t = t.detach()
+        for dim, mask in cuts.pop(key, [(0, None)]):
+            if mask is not None and mask.numel() != t.shape[dim]:
+                raise ValueError(f"{key}: a mask of {mask.numel()} for {t.shape[dim]} channels (dim {dim})")
+            t = _take(t, dim, mask)
+        state[key] = t
+    if cuts:
+        raise ValueError(f"channel_slices() names tensors the model lacks: {', '.join(sorted(cuts))}")
+    new.load_state_dict(state, assign=True)
+
+
+# How each family is cut once the masks are known ("how", apart from "which": channel_masks).
+SURGERY: dict[str, Callable[[nn.Module, nn.Module, list[torch.Tensor]], None]] = {
+    "nin": copy_chain_weights,
+    "vgg": copy_chain_weights,
+    "preresnet": copy_sliced_weights,
+    "densenet": copy_sliced_weights,
+}
+
+
 @dataclass
 class PruneResult:
     """What ``prune`` returns: the smaller network and how it was cut from the original."""
@@ -132,7 +174,8 @@ class PruneResult:
 
 def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
           min_channels: int = 1) -> PruneResult:
-    """Slim ``model`` (a NIN or VGG ``Net``): cut low-|gamma| channels and rebuild it thinner.
+    """Slim ``model`` (a NIN, VGG, pre-activation ResNet or DenseNet ``Net``): cut low-|gamma|
+    channels and rebuild it thinner.
 
     Give ``percent`` (fraction of prunable channels removed, see ``channel_masks``) or an
     absolute ``threshold``. The original model is left untouched; the new one is on the same
@@ -149,10 +192,6 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
                 for _, bn in bns]
     cfg = model.pruned_cfg([int(m.sum()) for m in masks])
     new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
-    copy_chain_weights(model, new, cfg_mask)
+    SURGERY.get(model.arch, copy_chain_weights)(model, new, cfg_mask)
     new.train(model.training)
     return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns])
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,73 @@
+"""Pieces the pre-activation ResNet and DenseNet families share.
+
+In both, a BatchNorm at a layer's entry normalises a tensor that other layers read too (the
+residual stream, the concatenated features), so pruning it may only drop channels from *this*
+layer's reading of that tensor, never from the tensor itself. ``ChannelSelect`` does that
+reading: it picks the kept channels *before* the entry BN, so the BN and the conv after it hold
+only the kept channels (the paper's code normalises every channel, then discards some).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+BN_STATE = ("weight", "bias", "running_mean", "running_var")
+
+# One entry per BatchNorm2d of a network, in modules() order: the (state_dict key, dim) pairs
+# whose extent along dim is that BN's channels, i.e. what a keep-mask over those channels cuts.
+ChannelSlices = list[list[tuple[str, int]]]
+
+
+class ChannelSelect(nn.Module):
+    """``x[:, index]``: keep the input channels listed in ``index`` (sorted stream positions).
+
+    ``index`` is a persistent int64 buffer, so it travels in the state_dict; ``arange(channels)``
+    until a state_dict assigns the real positions. (N, C, H, W) -> (N, len(index), H, W). One
+    ``index_select``: no NumPy, no host sync, scriptable and exportable.
+    """
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.register_buffer("index", torch.arange(channels, dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.index_select(1, self.index)
+
+    def extra_repr(self) -> str:
+        return f"channels={self.index.numel()}"
+
+
+def bn_slices(prefix: str) -> list[tuple[str, int]]:
+    """The tensors of BN ``prefix`` that its own channel mask cuts (all along dim 0)."""
+    return [(f"{prefix}.{key}", 0) for key in BN_STATE]
+
+
+def entry_slices(bn: str, select: str, reader: str) -> list[tuple[str, int]]:
+    """A select -> BN -> ReLU -> ``reader`` entry: the mask cuts the BN, the select index and
+    the input channels of ``reader`` (a conv, or the final linear layer: dim 1 in both)."""
+    return [*bn_slices(bn), (f"{select}.index", 0), (f"{reader}.weight", 1)]
+
+
+def check_widths(family: str, cfg: list, limits: list[int]) -> None:
+    """``cfg`` must be one positive int per BN; an entry BN (limit > 0) reads at most ``limit``."""
+    if len(cfg) != len(limits) or any(not isinstance(v, int) or isinstance(v, bool) or v < 1
+                                      for v in cfg):
+        raise ValueError(f"a {family} cfg here is {len(limits)} positive widths (one per "
+                         f"BatchNorm2d), got {len(cfg)}: {cfg!r}")
+    over = [i for i, (v, lim) in enumerate(zip(cfg, limits)) if lim and v > lim]
+    if over:
+        i = over[0]
+        raise ValueError(f"{family} cfg[{i}] = {cfg[i]} selects more channels than the "
+                         f"{limits[i]} its BatchNorm reads")
+
+
+def init_weights(net: nn.Module) -> None:
+    """The paper's initialisation: He-normal convs (fan-out), BN gamma 0.5 and beta 0; linear
+    layers keep PyTorch's default, as in the paper's ResNet/DenseNet code."""
+    for m in net.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.constant_(m.weight, 0.5)
+            nn.init.zeros_(m.bias)
