@@ -1,5 +1,8 @@
 from setuptools import find_packages, setup
 
+PLOT = ["matplotlib>=3.5"]
+ONNX = ["onnx>=1.15", "onnxscript>=0.1", "onnxruntime>=1.17"]
+
 setup(
     name="slimming",
     version="0.1.0",
@@ -18,6 +21,11 @@ setup(
         "tqdm>=4.60",
         "pyyaml>=5.4",
     ],
-    extras_require={"dev": ["pytest>=7", "ruff>=0.4"]},
+    extras_require={
+        "plot": PLOT,
+        "onnx": ONNX,
+        # the tests execute the notebook and check every export format
+        "dev": ["pytest>=7", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5", "ipykernel>=6", *PLOT, *ONNX],
+    },
     entry_points={"console_scripts": ["slimming=slimming.cli:main"]},
 )

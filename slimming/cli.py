@@ -1,28 +1,16 @@
-"""Command line: ``slimming train | prune | finetune | eval``. A thin layer over the library
-that turns user mistakes into one line on stderr and exit code 2."""
+"""Command line: ``slimming train | prune | finetune | eval | stats | sweep | export | report |
+pipeline``. Parses arguments (and ``--config`` files) and turns user mistakes into one line on
+stderr and exit code 2; ``commands.py`` does the work."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-import torch
-from torch import nn
-
-from .checkpoint import (
-    CheckpointError,
-    checkpoint_dict,
-    load_checkpoint,
-    model_from_checkpoint,
-    save_checkpoint,
-)
-from .distributed import DistInfo, cleanup, init_distributed
-from .engine import AMP_DTYPES, NO_CUDA_NOTICE, TrainingError, resolve_device
-from .prune import count_params, prune
+from . import commands
+from .checkpoint import CheckpointError
+from .engine import AMP_DTYPES, TrainingError
 
 
 class Parser(argparse.ArgumentParser):
@@ -108,6 +96,8 @@ def add_training_flags(p: argparse.ArgumentParser, epochs: int) -> None:
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (CUDA only)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms only (needs --seed): repeatable runs")
     p.add_argument("--save", type=Path, required=True, metavar="DIR",
                    help="folder for last.pth, best.pth and metrics.jsonl")
     p.add_argument("--resume", default=None, metavar="PATH|auto",
@@ -116,271 +106,116 @@ def add_training_flags(p: argparse.ArgumentParser, epochs: int) -> None:
     add_device_flags(p)
 
 
+def add_arch_flags(p: argparse.ArgumentParser, default: str | None) -> None:
+    p.add_argument("--arch", default=default, help="nin, vgg, preresnet or densenet"
+                   + ("" if default else "; needed for checkpoints of the paper's own code"))
+    p.add_argument("--depth", type=int, default=None,
+                   help="VGG 11/13/16/19 (default 19), ResNet 9n+2, DenseNet 3n+4")
+
+
+def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
+    how = p.add_mutually_exclusive_group(required=required)
+    how.add_argument("--percent", type=float, help="fraction of prunable channels to remove, in [0, 1)")
+    how.add_argument("--threshold", type=float, help="remove channels with |gamma| <= T")
+    p.add_argument("--min-channels", type=positive_int, default=1,
+                   help="channels every layer keeps at least (default 1)")
+
+
+def input_size(text: str) -> tuple[int, ...]:
+    try:
+        size = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        size = ()
+    if len(size) != 3 or min(size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give C,H,W, e.g. 3,32,32")
+    return size
+
+
 def build_parser() -> Parser:
     parser = Parser(prog="slimming", description="Network slimming for PyTorch: sparsity "
                     "training, channel pruning and fine-tuning.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
-    p.add_argument("--arch", default="vgg", help="nin or vgg")
-    p.add_argument("--depth", type=int, default=19, help="VGG depth: 11, 13, 16 or 19")
+    add_arch_flags(p, "vgg")
     p.add_argument("--cfg", type=parse_cfg, default=None,
                    help="custom widths, e.g. 16,M,32,M,64,64,M,128,128,M,128,128")
     add_training_flags(p, epochs=160)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=commands.cmd_train)
 
     p = sub.add_parser("prune", help="cut low-|gamma| channels of a checkpoint")
     p.add_argument("--checkpoint", type=Path, required=True)
-    how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("--percent", type=float, help="fraction of prunable channels to remove, "
-                     "in [0, 1)")
-    how.add_argument("--threshold", type=float, help="remove channels with |gamma| <= T")
-    p.add_argument("--min-channels", type=positive_int, default=1,
-                   help="channels every layer keeps at least (default 1)")
+    add_arch_flags(p, None)
+    add_prune_flags(p, required=True)
     p.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
     p.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
-    p.set_defaults(func=cmd_prune)
+    p.set_defaults(func=commands.cmd_prune)
 
     p = sub.add_parser("finetune", help="train a pruned checkpoint further (sparsity off)")
     p.add_argument("--checkpoint", type=Path, required=True)
+    add_arch_flags(p, None)
     add_training_flags(p, epochs=160)
-    p.set_defaults(func=cmd_finetune)
+    p.set_defaults(func=commands.cmd_finetune)
 
     p = sub.add_parser("eval", help="top-1 accuracy and loss of a checkpoint on a test split")
     p.add_argument("--checkpoint", type=Path, required=True)
+    add_arch_flags(p, None)
     add_data_flags(p)
     add_device_flags(p)
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=commands.cmd_eval)
+
+    p = sub.add_parser("stats", help="parameters, FLOPs, size and latency of a checkpoint")
+    p.add_argument("--checkpoint", type=Path, required=True)
+    p.add_argument("--compare", type=Path, help="a second checkpoint, shown side by side")
+    add_arch_flags(p, None)
+    p.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W")
+    p.add_argument("--repeats", type=_number(int, 0, True, ">= 0"), default=10,
+                   help="timed runs per latency figure (0: no latency)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_stats)
+
+    p = sub.add_parser("sweep", help="prune at many percents, evaluate each without fine-tuning")
+    p.add_argument("--checkpoint", type=Path, required=True)
+    add_arch_flags(p, None)
+    p.add_argument("--percents", default="0.1:0.9:0.1", help="start:stop:step or a comma list")
+    p.add_argument("--min-channels", type=positive_int, default=1)
+    p.add_argument("--save", type=Path, required=True, metavar="DIR",
+                   help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
+    add_data_flags(p)
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_sweep)
+
+    p = sub.add_parser("export", help="TorchScript, ONNX or torch.export file, checked against PyTorch")
+    p.add_argument("--checkpoint", type=Path, required=True)
+    add_arch_flags(p, None)
+    p.add_argument("--format", choices=("export", "torchscript", "onnx"), default="export",
+                   help="export: a torch.export program (.pt2), the path PyTorch recommends")
+    p.add_argument("--out", type=Path, required=True, metavar="FILE")
+    p.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W")
+    p.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    p.set_defaults(func=commands.cmd_export)
+
+    p = sub.add_parser("report", help="Markdown + JSON report (and PNG pictures) of a run folder")
+    p.add_argument("--run", type=Path, required=True, metavar="DIR")
+    p.add_argument("--repeats", type=_number(int, 0, True, ">= 0"), default=10,
+                   help="timed runs per latency figure (0: no latency)")
+    p.set_defaults(func=commands.cmd_report)
+
+    p = sub.add_parser("pipeline", help="sparsity training -> prune -> fine-tune -> report, resumable")
+    add_arch_flags(p, "vgg")
+    p.add_argument("--cfg", type=parse_cfg, default=None)
+    add_training_flags(p, epochs=160)
+    add_prune_flags(p, required=True)
+    p.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")
+    p.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")
+    p.add_argument("--baseline", action="store_true",
+                   help="also train a no-sparsity baseline (baseline/) for the report")
+    p.add_argument("--repeats", type=_number(int, 0, True, ">= 0"), default=10,
+                   help="timed runs per latency figure in the report")
+    p.set_defaults(func=commands.cmd_pipeline)
     return parser
-
-
-def plain_args(args: argparse.Namespace) -> dict:
-    """The run's arguments as plain values, fit for a weights_only checkpoint."""
-    out = {}
-    for k, v in vars(args).items():
-        if callable(v):
-            continue
-        out[k] = str(v) if isinstance(v, Path) else v
-    return out
-
-
-def check_output(path: Path, overwrite: bool, hint: str = "") -> None:
-    """Refuse to clobber an existing output, or to write where a file blocks the folder."""
-    for parent in [path.parent, *path.parent.parents]:
-        if parent.exists() and not parent.is_dir():
-            raise ValueError(f"{parent} is a file, not a folder: choose another --save")
-    if path.exists() and not overwrite:
-        raise ValueError(f"{path} already exists: pass --overwrite to replace it{hint}, or "
-                         "choose another --save")
-
-
-def device_for(args) -> torch.device:
-    """The run's device, chosen quietly: the CPU notice waits for ``announce_device``, so that a
-    mistake found while setting up is the only line the user sees."""
-    return resolve_device(args.device, args.cpu, quiet=True)
-
-
-def announce_device(args, device: torch.device) -> None:
-    if device.type == "cpu" and not args.cpu and args.device is None:
-        print(NO_CUDA_NOTICE, file=sys.stderr)
-
-
-def seed_everything(seed: int | None) -> None:
-    if seed is not None:
-        random.seed(seed)
-        torch.manual_seed(seed)
-
-
-def loaders(args, device: torch.device, dist: DistInfo | None = None):
-    from .data import build_loaders
-
-    dist = dist or DistInfo()
-    return build_loaders(args.dataset, args.data_root, args.batch_size, max(args.workers, 0),
-                         args.download, getattr(args, "seed", None), device.type == "cuda",
-                         loader=args.loader, device=device, rank=dist.rank,
-                         world_size=dist.world_size)
-
-
-def resume_checkpoint(args, device: torch.device) -> dict | None:
-    """The checkpoint ``--resume`` points at; None to start fresh (``auto`` with no last.pth)."""
-    if args.resume is None:
-        check_output(args.save / "last.pth", args.overwrite, " or --resume auto to continue it")
-        return None
-    path = args.save / "last.pth" if args.resume == "auto" else Path(args.resume)
-    if args.resume == "auto" and not path.exists():
-        check_output(path, args.overwrite)  # still refuse a --save that is a file
-        return None
-    return load_checkpoint(path, map_location=device)
-
-
-def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module, dict]]) -> None:
-    """Everything ``train`` and ``finetune`` share: devices, torchrun, data, resume, the loop.
-
-    ``make_model(num_classes, device)`` gives the starting network and extra checkpoint fields.
-    """
-    from .engine import Trainer, make_optimizer, make_scheduler
-    from .sparsity import BNSparsity
-
-    device = device_for(args)
-    dist = init_distributed(device.type == "cuda")
-    if dist.enabled and device.type == "cuda":
-        device = torch.device("cuda", dist.local_rank)
-    say = print if dist.is_main else (lambda *a, **k: None)
-    try:
-        resumed = resume_checkpoint(args, device)
-        seed_everything(args.seed)
-        train_loader, test_loader, num_classes = loaders(args, device, dist)
-        if resumed is None:
-            model, extra = make_model(num_classes, device)
-        else:  # the run's own checkpoint says what network it is
-            model = model_from_checkpoint(resumed, args.resume)
-            check_classes(resumed, args.resume, num_classes)
-            extra = {k: resumed[k] for k in ("cfg_mask", "source") if k in resumed}
-        model.to(device)
-        if dist.is_main:
-            announce_device(args, device)
-        say(f"{model.arch} cfg {model.cfg}: {count_params(model):,} parameters, on {device}"
-            + (f", {dist.world_size} processes" if dist.enabled else ""))
-        if args.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        if args.sync_bn:
-            if device.type == "cuda":
-                model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-            else:
-                say("slimming: --sync-bn is CUDA-only in PyTorch; continuing with per-process "
-                    "BatchNorm", file=sys.stderr)
-        optimizer = make_optimizer(model, args.opt, args.lr, args.momentum, args.weight_decay,
-                                   args.nesterov, args.no_wd_bn)
-        scheduler = make_scheduler(optimizer, args.epochs, args.sched, args.warmup_epochs)
-        sparsity = BNSparsity(model, args.sparsity) if args.sparsity > 0 else None
-        net = model
-        if dist.enabled:
-            net = nn.parallel.DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
-        if args.compile:
-            net = torch.compile(net)
-        amp_dtype = None
-        if args.amp:
-            amp_dtype = AMP_DTYPES[args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")]
-        trainer = Trainer(net, optimizer, scheduler, device, sparsity=sparsity, amp_dtype=amp_dtype,
-                          grad_clip=args.grad_clip, label_smoothing=args.label_smoothing,
-                          channels_last=args.channels_last, dist=dist)
-        start_epoch, best_acc = 0, 0.0
-        if resumed is not None:
-            trainer.load_state_dict(resumed)
-            start_epoch, best_acc = int(resumed["epoch"]), float(resumed.get("best_acc", 0.0))
-            say(f"resuming from epoch {start_epoch} (best test accuracy {best_acc:.2f}%)")
-        if dist.is_main:
-            args.save.mkdir(parents=True, exist_ok=True)
-            keep_metrics(args.save / "metrics.jsonl", start_epoch)
-            sweep_temporaries(args.save)
-        if start_epoch >= args.epochs:
-            say(f"nothing to do: {args.save} already holds {start_epoch} of {args.epochs} epochs")
-            return
-        result = trainer.fit(train_loader, test_loader, epochs=args.epochs, save_dir=args.save,
-                             start_epoch=start_epoch, best_acc=best_acc,
-                             extra={"args": plain_args(args), **extra}, log=say)
-        say(f"best test accuracy {result['best_acc']:.2f}%; checkpoints in {args.save}/ "
-            "(best.pth, last.pth), metrics in metrics.jsonl")
-    finally:
-        cleanup()
-
-
-def keep_metrics(path: Path, epochs_done: int) -> None:
-    """Drop metrics rows of epochs a resumed run will redo (all of them for a fresh run), and
-    a last line that a kill cut short."""
-    if not path.exists():
-        return
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["epoch"] <= epochs_done:
-                rows.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    path.write_text("".join(r + "\n" for r in rows))
-
-
-def sweep_temporaries(save: Path) -> None:
-    """Remove the temporary files of checkpoint writes that a kill interrupted."""
-    for p in save.glob(".*.pth.*.tmp"):
-        p.unlink(missing_ok=True)
-
-
-def cmd_train(args) -> None:
-    import models
-
-    def make_model(num_classes: int, device: torch.device):
-        options = {"num_classes": num_classes}
-        if args.arch == "vgg" and args.cfg is None:
-            options["depth"] = args.depth
-        return models.build(args.arch, cfg=args.cfg, **options), {}
-
-    run_training(args, make_model)
-
-
-def check_classes(ckpt: dict, path, num_classes: int) -> None:
-    have = (ckpt.get("options") or {}).get("num_classes")
-    if have is not None and have != num_classes:
-        raise ValueError(f"{path} has {have} output classes but the dataset has {num_classes}")
-
-
-def load_for_data(path: Path, num_classes: int, device: torch.device):
-    ckpt = load_checkpoint(path, map_location=device)
-    model = model_from_checkpoint(ckpt, path)
-    check_classes(ckpt, path, num_classes)
-    return ckpt, model
-
-
-def cmd_finetune(args) -> None:
-    def make_model(num_classes: int, device: torch.device):
-        ckpt, model = load_for_data(args.checkpoint, num_classes, device)
-        source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"),
-                  "source_acc": ckpt.get("source_acc")}
-        return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source}
-
-    run_training(args, make_model)
-
-
-def cmd_eval(args) -> None:
-    device = device_for(args)
-    from .engine import evaluate
-
-    _, test_loader, num_classes = loaders(args, device)
-    _, model = load_for_data(args.checkpoint, num_classes, device)
-    announce_device(args, device)
-    m = evaluate(model.to(device), test_loader, device)
-    print(f"{args.checkpoint}: top-1 accuracy {m['acc']:.2f}%  loss {m['loss']:.4f}  "
-          f"({m['count']} test images, {count_params(model):,} parameters)")
-
-
-def cmd_prune(args) -> None:
-    out = args.save / "pruned.pth"
-    check_output(out, args.overwrite)
-    ckpt = load_checkpoint(args.checkpoint)
-    model = model_from_checkpoint(ckpt, args.checkpoint)
-    result = prune(model, percent=args.percent, threshold=args.threshold,
-                   min_channels=args.min_channels)
-    table = result.layer_table()
-    width = max(len(n) for n, _, _ in table)
-    print(f"{'layer':<{width}}  before  after")
-    for name, before, after in table:
-        print(f"{name:<{width}}  {before:>6}  {after:>5}")
-    before = sum(b for _, b, _ in table)
-    after = sum(a for _, _, a in table)
-    p0, p1 = count_params(model), count_params(result.model)
-    thr = "none" if result.threshold is None else f"{result.threshold:.4g}"
-    print(f"channels {before} -> {after} ({100 * (before - after) / before:.1f}% removed; "
-          f"|gamma| threshold {thr})")
-    print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
-    print(f"cfg {result.cfg}")
-    save_checkpoint(checkpoint_dict(result.model, cfg_mask=result.cfg_mask,
-                                    threshold=result.threshold, percent=args.percent,
-                                    source_acc=ckpt.get("acc"),
-                                    source={"path": str(args.checkpoint),
-                                            "acc": ckpt.get("acc"), "epoch": ckpt.get("epoch")},
-                                    args=plain_args(args)), out)
-    print(f"saved {out}")
 
 
 def expand_config(parser: Parser, argv: list[str]) -> list[str]:

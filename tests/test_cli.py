@@ -175,3 +175,22 @@ def test_amp_bf16_channels_last_adamw_from_the_command_line(tmp_path, capsys):
     assert row["amp_skipped"] == 0 and row["lr"] == pytest.approx(0.5e-3)  # warm-up: half of lr
     model = load_model(tmp_path / "last.pth")
     assert model(torch.randn(1, 3, 32, 32)).dtype == torch.float32
+
+
+def test_paper_checkpoint_from_the_command_line(tmp_path, capsys):
+    """A file as the paper's code writes it (no arch) prunes and evaluates with --arch."""
+    import models
+
+    model = models.build("vgg", cfg=[4, "M", 4, "M", 4, "M", 4, "M", 4])
+    paper = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 3, "best_prec1": 0.5, "optimizer": {},
+                "state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}}, paper)
+    code, _, err = run(capsys, "prune", "--checkpoint", paper, "--percent", "0.5", "--save", tmp_path)
+    assert code == 2 and "--arch" in err
+    code, out, _ = run(capsys, "prune", "--checkpoint", paper, "--arch", "vgg", "--percent", "0.5",
+                       "--save", tmp_path)
+    pruned_cfg = load_model(tmp_path / "pruned.pth").cfg
+    widths = [v for v in pruned_cfg if v != "M"]
+    assert code == 0 and 10 <= sum(widths) < 20 and min(widths) >= 1  # half cut, guard kept 1+
+    code, out, _ = run(capsys, "eval", "--checkpoint", paper, "--arch", "vgg", *DATA)
+    assert code == 0 and "top-1 accuracy" in out

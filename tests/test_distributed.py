@@ -1,6 +1,7 @@
 """Two processes on the CPU with the gloo backend, launched with torchrun."""
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -25,12 +26,18 @@ WORKER = textwrap.dedent("""
 """)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_two_gloo_ranks_end_identical_with_one_checkpoint(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     save = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", "29517", str(worker), str(tmp_path),
+           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(worker), str(tmp_path),
            "train", "--arch", "vgg", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset", "synthetic",
            "--epochs", "2", "--sparsity", "1e-3", "--seed", "0", "--cpu", "--batch-size", "64",
            "--sync-bn", "--save", str(save)]

@@ -1,0 +1,88 @@
+"""Export a (pruned) network: TorchScript, ONNX, or a ``torch.export`` program (the path
+PyTorch now recommends over TorchScript). Every export is loaded back and checked against the
+PyTorch model on a random batch; the file is kept only when they agree."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import default_file_mode
+
+FORMATS = ("export", "torchscript", "onnx")
+
+
+class ExportError(ValueError):
+    """An export that failed or does not reproduce the model; one line meant for the user."""
+
+
+def _run_torchscript(model, x, path):
+    with warnings.catch_warnings():  # TorchScript is deprecated in favour of torch.export
+        warnings.simplefilter("ignore", FutureWarning)
+        torch.jit.save(torch.jit.script(model), path)
+        return torch.jit.load(path)(x)
+
+
+def _run_export(model, x, path):
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
+    torch.export.save(program, path)
+    return torch.export.load(path).module()(x)
+
+
+def _run_onnx(model, x, path):
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ExportError("ONNX export needs the onnx extra: pip install -e \".[onnx]\" "
+                          "(onnx, onnxscript, onnxruntime)") from None
+    torch.onnx.export(model, (x,), path, input_names=["input"], output_names=["logits"],
+                      dynamic_shapes=({0: torch.export.Dim("batch", min=1)},), dynamo=True,
+                      external_data=False,  # one self-contained file (fine below 2 GB)
+                      verbose=False)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return torch.from_numpy(session.run(None, {"input": x.cpu().numpy()})[0])
+
+
+RUNNERS = {"torchscript": _run_torchscript, "export": _run_export, "onnx": _run_onnx}
+
+
+@torch.no_grad()
+def export_model(model: nn.Module, out: str | os.PathLike, fmt: str = "export",
+                 input_size: tuple[int, ...] = (3, 32, 32), batch_size: int = 4,
+                 atol: float = 1e-4) -> float:
+    """Write ``model`` (eval mode, CPU) to ``out`` in format ``fmt`` and return the largest
+    absolute difference between the exported model's and PyTorch's outputs on a random batch
+    (N, *input_size). Raises ExportError, leaving no file, when it is not within ``atol``."""
+    if fmt not in RUNNERS:
+        raise ExportError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    model = model.eval().cpu()
+    x = torch.randn(batch_size, *input_size)
+    expected = model(x)
+    out = Path(out)
+    if fmt == "export" and out.suffix != ".pt2":
+        raise ExportError(f"{out}: a torch.export program is a .pt2 file; name it e.g. model.pt2")
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=f".tmp{out.suffix}", dir=out.parent)
+    os.close(fd)
+    try:
+        try:
+            got = RUNNERS[fmt](model, x, tmp)
+        except ExportError:
+            raise
+        except Exception as e:  # the exporters raise many kinds; all mean "could not export"
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            raise ExportError(f"{fmt} export failed: {first}") from None
+        diff = (got.float() - expected).abs().max().item()
+        if not diff <= atol:
+            raise ExportError(f"{fmt} export does not reproduce the model: largest difference "
+                              f"{diff:.3g} > tolerance {atol:g}")
+        os.chmod(tmp, default_file_mode())
+        os.replace(tmp, out)
+        return diff
+    finally:
+        Path(tmp).unlink(missing_ok=True)

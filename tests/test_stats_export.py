@@ -1,0 +1,119 @@
+"""slimming stats and slimming export."""
+
+import json
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import models
+from slimming import checkpoint_dict, count_flops, prune, save_checkpoint
+from slimming.cli import main
+from slimming.export import ExportError, export_model
+from slimming.stats import format_stats, latency_ms, model_stats, size_on_disk
+
+CFG = [8, "M", 16, "M", 16, "M", 16, "M", 24]
+
+
+def analytic_flops(cfg, num_classes=10):
+    """2 x multiply-adds of the convs and the classifier of a 32x32 CIFAR VGG."""
+    flops, cin, side = 0, 3, 32
+    for v in cfg:
+        if v == "M":
+            side //= 2
+        else:
+            flops += 2 * cin * v * 9 * side * side
+            cin = v
+    return flops + 2 * cin * num_classes
+
+
+def test_flops_follow_the_papers_convention():
+    assert count_flops(models.build("vgg", cfg=CFG)) == analytic_flops(CFG)
+    assert round(count_flops(models.build("vgg", depth=19)) / 1e8, 2) == 7.96
+
+
+def test_stats_of_a_pruned_network_shrink_together():
+    model = models.build("vgg", cfg=CFG).eval()
+    small = prune(model, percent=0.5).model
+    a, b = model_stats(model, repeats=2), model_stats(small, repeats=2)
+    assert b["params"] < a["params"] and b["flops"] == analytic_flops(small.cfg)
+    assert b["size_bytes"] < a["size_bytes"] == size_on_disk(model)
+    assert set(a["latency_ms"]) == {1, 64} and all(v > 0 for v in a["latency_ms"].values())
+    table = format_stats(a, b, ("before", "after"))
+    assert f"{b['params'] / a['params']:.3f}x" in table and "latency, batch 64" in table
+    assert latency_ms(model, 2, repeats=1) > 0
+
+
+@pytest.fixture
+def ckpts(tmp_path):
+    torch.manual_seed(0)
+    model = models.build("vgg", cfg=CFG).eval()
+    save_checkpoint(checkpoint_dict(model), tmp_path / "big.pth")
+    save_checkpoint(checkpoint_dict(prune(model, percent=0.6).model), tmp_path / "small.pth")
+    return tmp_path
+
+
+def test_stats_cli_compare_and_json(ckpts, capsys):
+    assert main(["stats", "--checkpoint", str(ckpts / "big.pth"), "--compare",
+                 str(ckpts / "small.pth"), "--repeats", "2", "--cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "ratio" in out and "FLOPs" in out and "latency, batch 1" in out
+    assert main(["stats", "--checkpoint", str(ckpts / "big.pth"), "--repeats", "0", "--json",
+                 "--cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data[str(ckpts / "big.pth")]["flops"] == analytic_flops(CFG)
+
+
+@pytest.mark.parametrize("fmt,name", [("export", "m.pt2"), ("torchscript", "m.ts"), ("onnx", "m.onnx")])
+def test_export_formats_reproduce_the_model(ckpts, fmt, name, capsys):
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+    out = ckpts / name
+    assert main(["export", "--checkpoint", str(ckpts / "small.pth"), "--format", fmt,
+                 "--out", str(out)]) == 0
+    assert out.exists() and "largest difference" in capsys.readouterr().out
+    assert not [p for p in ckpts.iterdir() if ".tmp" in p.name]
+    code = main(["export", "--checkpoint", str(ckpts / "small.pth"), "--format", fmt,
+                 "--out", str(out)])
+    assert code == 2 and "--overwrite" in capsys.readouterr().err
+
+
+def test_exported_program_runs_any_batch(ckpts):
+    from slimming import load_model
+
+    model = load_model(ckpts / "small.pth")
+    export_model(model, ckpts / "p.pt2", "export")
+    program = torch.export.load(str(ckpts / "p.pt2")).module()
+    x = torch.randn(7, 3, 32, 32)
+    assert torch.allclose(program(x), model(x), atol=1e-5)
+
+
+def test_a_wrong_export_is_refused_and_leaves_no_file(ckpts, monkeypatch):
+    from slimming import export
+
+    monkeypatch.setitem(export.RUNNERS, "torchscript", lambda m, x, p: m(x) + 1.0)
+    model = models.build("vgg", cfg=CFG).eval()
+    with pytest.raises(ExportError, match="does not reproduce"):
+        export_model(model, ckpts / "bad.ts", "torchscript")
+    assert not [p for p in ckpts.iterdir() if p.name.startswith((".bad", "bad"))]
+    with pytest.raises(ExportError, match=".pt2"):
+        export_model(model, ckpts / "bad.bin", "export")
+
+
+def test_onnx_without_its_extra_is_one_clear_line(ckpts, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails
+    code = main(["export", "--checkpoint", str(ckpts / "small.pth"), "--format", "onnx",
+                 "--out", str(ckpts / "x.onnx")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and ".[onnx]" in err[0]
+    assert not (ckpts / "x.onnx").exists()
+
+
+def test_nin_exports_too(tmp_path):
+    model = models.build("nin", cfg=[8] * 8).eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.weight.data.uniform_(0, 1)
+    small = prune(model, percent=0.4).model
+    assert export_model(small, tmp_path / "nin.pt2", "export") <= 1e-4
