@@ -13,34 +13,12 @@ paper's convention. A CPU and a few seconds::
 from __future__ import annotations
 
 import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from common import sparsity_shaped
 
 import models
-from slimming import prune
+from slimming import count_flops, count_params, prune
 
 PAPER = {"preresnet": ("ResNet-164", 1.70e6, 4.99e8), "densenet": ("DenseNet-40", 1.02e6, 5.33e8)}
-
-
-def params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
-
-
-def flops(model: nn.Module) -> int:
-    counter = FlopCounterMode(display=False)
-    with counter, torch.no_grad():
-        model.eval()(torch.zeros(1, 3, 32, 32))
-    return counter.get_total_flops()
-
-
-def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.6) -> None:
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for bn in model.prunable_bns():
-            n = bn.num_features
-            near_zero = torch.rand(n, generator=gen) < small
-            bn.weight.copy_(torch.where(near_zero, 1e-3 * torch.randn(n, generator=gen),
-                                        0.1 + 0.9 * torch.rand(n, generator=gen)))
 
 
 def main() -> None:
@@ -49,13 +27,13 @@ def main() -> None:
           f"   paper (unpruned)")
     for arch, (name, paper_params, paper_flops) in PAPER.items():
         model = models.build(arch, num_classes=10)
-        sparsity_shaped(model)
-        p0, f0 = params(model), flops(model)
+        sparsity_shaped(model, small=0.6)
+        p0, f0 = count_params(model), count_flops(model)
         print(f"{name:<12} {'0%':>6} {p0 / 1e6:>8.2f}M {f0:>9.2e} {'':>8} {'':>8}"
               f"   {paper_params / 1e6:.2f}M, {paper_flops:.2e}")
         for percent in (0.4, 0.6):
             pruned = prune(model, percent=percent).model
-            p1, f1 = params(pruned), flops(pruned)
+            p1, f1 = count_params(pruned), count_flops(pruned)
             print(f"{name:<12} {percent:>6.0%} {p1 / 1e6:>8.2f}M {f1:>9.2e} {1 - p1 / p0:>8.1%} "
                   f"{1 - f1 / f0:>8.1%}")
 

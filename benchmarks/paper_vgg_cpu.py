@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 
 import torch
+from common import sparsity_shaped
 
 import models
 import slimming
 from slimming.cli import main as slimming_main
-from slimming.prune import prunable_bns
 from slimming.stats import model_stats
 
 CFG = "16,M,32,M,64,64,M,128,128,M,128,128"
@@ -72,13 +72,7 @@ def part1(root: Path, out: Path, epochs: int, ft_epochs: int, sparsity: float) -
 def part2() -> dict:
     torch.manual_seed(0)
     model = models.build("vgg", depth=19).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for bn in prunable_bns(model):
-            n = bn.num_features
-            small = torch.rand(n, generator=g) < 0.7
-            bn.weight.copy_(torch.where(small, 1e-3 * torch.randn(n, generator=g),
-                                        0.1 + 0.9 * torch.rand(n, generator=g)))
+    sparsity_shaped(model, small=0.7)
     pruned = slimming.prune(model, percent=0.7).model.eval()
     a, b = model_stats(model, repeats=20), model_stats(pruned, repeats=20)
     return {"params": (a["params"], b["params"]), "flops": (a["flops"], b["flops"]),

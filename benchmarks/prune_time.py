@@ -19,21 +19,11 @@ import time
 from pathlib import Path
 
 import torch
+from common import sparsity_shaped
 
 import models
 import slimming
 from slimming.prune import channel_masks, copy_chain_weights, prunable_bns
-
-
-def sparsity_shaped(model: torch.nn.Module, seed: int = 0) -> None:
-    """Gammas as after sparsity training: ~70% near zero, the rest spread over (0.1, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for bn in prunable_bns(model):
-            n = bn.num_features
-            small = torch.rand(n, generator=g) < 0.7
-            bn.weight.copy_(torch.where(small, 1e-3 * torch.randn(n, generator=g),
-                                        0.1 + 0.9 * torch.rand(n, generator=g)))
 
 
 def prune_with_init(model, percent):

@@ -71,3 +71,15 @@ def init_weights(net: nn.Module) -> None:
         elif isinstance(m, nn.BatchNorm2d):
             nn.init.constant_(m.weight, 0.5)
             nn.init.zeros_(m.bias)
+
+
+class EveryBNPrunable:
+    """Mixin for families whose every BN is prunable and whose cfg is one width per BN, in
+    ``modules()`` order (the pre-activation ResNet and the DenseNet)."""
+
+    def prunable_bns(self) -> list[nn.BatchNorm2d]:
+        # _BatchNorm: also SyncBatchNorm, which --sync-bn swaps in during training
+        return [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+    def pruned_cfg(self, kept: list[int]) -> list[int]:
+        return list(kept)

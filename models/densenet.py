@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import ChannelSelect, ChannelSlices, check_widths, entry_slices, init_weights
+from .common import ChannelSelect, ChannelSlices, EveryBNPrunable, check_widths, entry_slices, init_weights
 
 GROWTH = 12
 
@@ -74,7 +74,7 @@ class Transition(Layer):
         return nn.functional.avg_pool2d(self.branch(x), 2)
 
 
-class Net(nn.Module):
+class Net(EveryBNPrunable, nn.Module):
     arch = "densenet"
     """DenseNet: 3x3 stem conv (24) -> dense1 -> trans1 -> dense2 -> trans2 -> dense3 -> select
     -> bn -> ReLU -> 8x8 average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes)."""
@@ -106,13 +106,6 @@ class Net(nn.Module):
         x = self.dense3(self.trans2(self.dense2(x)))
         x = self.relu(self.bn(self.select(x)))
         return self.fc(nn.functional.avg_pool2d(x, 8).flatten(1))
-
-    def prunable_bns(self) -> list[nn.BatchNorm2d]:
-        # _BatchNorm: also SyncBatchNorm, which --sync-bn swaps in during training
-        return [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-    def pruned_cfg(self, kept: list[int]) -> list[int]:
-        return list(kept)  # one width per BN, in order: exactly the prunable BNs
 
     def channel_slices(self) -> ChannelSlices:
         """Per BatchNorm2d (modules() order), the (state_dict key, dim) its keep-mask cuts."""

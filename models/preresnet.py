@@ -32,7 +32,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import ChannelSelect, ChannelSlices, bn_slices, check_widths, entry_slices, init_weights
+from .common import (
+    ChannelSelect,
+    ChannelSlices,
+    EveryBNPrunable,
+    bn_slices,
+    check_widths,
+    entry_slices,
+    init_weights,
+)
 
 EXPANSION = 4
 PLANES = (16, 32, 64)
@@ -91,7 +99,7 @@ class Bottleneck(nn.Module):
         return out + x
 
 
-class Net(nn.Module):
+class Net(EveryBNPrunable, nn.Module):
     arch = "preresnet"
     """Pre-activation ResNet: 3x3 stem conv (16) -> layer1..3 -> select -> bn -> ReLU -> 8x8
     average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes) logits."""
@@ -123,13 +131,6 @@ class Net(nn.Module):
         x = self.layer3(self.layer2(self.layer1(self.conv1(x))))
         x = self.relu(self.bn(self.select(x)))
         return self.fc(nn.functional.avg_pool2d(x, 8).flatten(1))
-
-    def prunable_bns(self) -> list[nn.BatchNorm2d]:
-        # _BatchNorm: also SyncBatchNorm, which --sync-bn swaps in during training
-        return [m for m in self.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-    def pruned_cfg(self, kept: list[int]) -> list[int]:
-        return list(kept)  # one width per BN, in order: exactly the prunable BNs
 
     def channel_slices(self) -> ChannelSlices:
         """Per BatchNorm2d (modules() order), the (state_dict key, dim) its keep-mask cuts."""

@@ -64,7 +64,9 @@ def test_train_prune_finetune_eval(sparse_run, tmp_path, capsys):
 
 def test_threshold_prune_and_outputs_are_not_overwritten(sparse_run, tmp_path, capsys):
     ckpt = sparse_run / "last.pth"
-    assert run(capsys, "prune", "--checkpoint", ckpt, "--threshold", "0.3", "--save", tmp_path)[0] == 0
+    gammas = torch.cat([bn.weight.detach().abs() for bn in load_model(ckpt).prunable_bns()])
+    t = f"{gammas.median().item():.6f}"
+    assert run(capsys, "prune", "--checkpoint", ckpt, "--threshold", t, "--save", tmp_path)[0] == 0
     first = (tmp_path / "pruned.pth").read_bytes()
     code, _, err = run(capsys, "prune", "--checkpoint", ckpt, "--percent", "0.2", "--save", tmp_path)
     assert code == 2 and "already exists" in err and "--overwrite" in err

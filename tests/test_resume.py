@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from slimming import load_checkpoint
+from slimming import load_checkpoint, save_checkpoint
 from slimming.cli import main
 
 BASE = ["train", "--arch", "vgg", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset", "synthetic",
@@ -86,6 +86,6 @@ def test_resume_restores_best_accuracy(tmp_path, capsys):
     assert main([*base, "--epochs", "1"]) == 0
     ckpt = torch.load(save / "last.pth", weights_only=True)
     ckpt["best_acc"] = 99.5  # as if an earlier epoch had been that good
-    torch.save(ckpt, save / "last.pth")
+    save_checkpoint(ckpt, save / "last.pth")  # a new checksum for the edited contents
     assert main([*base, "--epochs", "2", "--resume", str(save / "last.pth")]) == 0
     assert load_checkpoint(save / "last.pth")["best_acc"] == pytest.approx(99.5)

@@ -1,0 +1,20 @@
+"""Helpers shared by the benchmark scripts (run them as ``python benchmarks/NAME.py``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from slimming.prune import prunable_bns
+
+
+def sparsity_shaped(model: nn.Module, small: float = 0.7, seed: int = 0) -> None:
+    """Set gammas as sparsity training leaves them, seeded: in every prunable BN a fraction
+    ``small`` of channels near zero (1e-3 * N(0, 1)), the rest uniform in (0.1, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for bn in prunable_bns(model):
+            n = bn.num_features
+            near_zero = torch.rand(n, generator=gen) < small
+            bn.weight.copy_(torch.where(near_zero, 1e-3 * torch.randn(n, generator=gen),
+                                        0.1 + 0.9 * torch.rand(n, generator=gen)))
