@@ -145,9 +145,10 @@ class Trainer:
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # float16 needs loss scaling; bfloat16 has float32's range and does not
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+        self._applied = torch.ones((), dtype=torch.bool, device=device)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """One optimisation step; returns (loss, logits, whether the step was applied)."""
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One optimisation step; returns (loss, logits, a 0-d bool tensor: step applied)."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
             out = self.model(x)
@@ -161,17 +162,21 @@ class Trainer:
             # After unscale_: S does not depend on the loss scale. On an inf/nan step the
             # scaler skips optimizer.step(), so the subgradient is never applied either.
             self.sparsity.apply()
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        if not self.scaler.is_enabled():
+            self.optimizer.step()
+            return loss.detach(), out.detach(), self._applied
+        # The scaler halves its scale when it skips a step. Compare on the device (its _scale
+        # tensor) rather than with get_scale(), which would wait for the GPU at every step.
+        before = self.scaler._scale.detach().clone()
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        applied = scale is None or self.scaler.get_scale() >= scale
-        return loss.detach(), out.detach(), applied
+        return loss.detach(), out.detach(), self.scaler._scale >= before
 
     def train_one_epoch(self, loader: Iterable, desc: str = "train") -> dict[str, float]:
         """One pass over ``loader``: mean loss, top-1 accuracy (%) and skipped AMP steps."""
         self.model.train()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
-        skipped = 0
+        skipped = torch.zeros((), dtype=torch.long, device=self.device)
         bar = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
                    disable=None if self.dist.is_main else True)
         for i, (x, y) in enumerate(bar):
@@ -179,7 +184,7 @@ class Trainer:
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             loss, out, applied = self.step(x, y)
-            skipped += not applied
+            skipped += ~applied
             sums[0] += loss * len(y)
             sums[1] += (out.argmax(1) == y).sum()
             sums[2] += len(y)
@@ -190,7 +195,7 @@ class Trainer:
             raise TrainingError("the training loss became non-finite (nan/inf): lower --lr or "
                                 "--sparsity; the last good checkpoint is kept")
         return {"loss": loss / max(count, 1), "acc": 100.0 * correct / max(count, 1),
-                "skipped": skipped}
+                "skipped": int(skipped)}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides the weights that a resumed run needs."""
