@@ -8,6 +8,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +37,12 @@ def check_output(path: Path, overwrite: bool, hint: str = "", flag: str = "--sav
     for parent in [path.parent, *path.parent.parents]:
         if parent.exists() and not parent.is_dir():
             raise ValueError(f"{parent} is a file, not a folder: choose another {flag}")
+    existing = next(p for p in [path.parent, *path.parent.parents] if p.exists())
+    try:  # a real probe: permission bits say nothing to root or on a read-only file system
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise ValueError(f"cannot write in {existing} ({e.strerror}): choose another {flag}") from None
     if path.exists() and not overwrite:
         raise ValueError(f"{path} already exists: pass --overwrite to replace it{hint}, or "
                          f"choose another {flag}")
