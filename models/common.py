@@ -73,9 +73,25 @@ def init_weights(net: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-class EveryBNPrunable:
-    """Mixin for families whose every BN is prunable and whose cfg is one width per BN, in
-    ``modules()`` order (the pre-activation ResNet and the DenseNet)."""
+class StreamNet:
+    """Mixin for the families whose layers read a shared stream (pre-activation ResNet,
+    DenseNet): every BN is prunable, the cfg is one width per BN in ``modules()`` order, and
+    the head is select -> BN -> ReLU -> 8x8 average pool -> linear, named as in the paper's code
+    (``bn``, ``select``, ``fc``)."""
+
+    def add_head(self, width: int, num_classes: int) -> None:
+        """The head, then the weight initialisation (skipped on the meta device: an empty
+        build gets its weights by assignment). Call it last in ``__init__``."""
+        self.bn = nn.BatchNorm2d(width)
+        self.select = ChannelSelect(width)
+        self.relu = nn.ReLU(inplace=True)
+        self.fc = nn.Linear(width, num_classes)
+        if not self.fc.weight.is_meta:
+            init_weights(self)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(self.bn(self.select(x)))
+        return self.fc(nn.functional.avg_pool2d(x, 8).flatten(1))
 
     def prunable_bns(self) -> list[nn.BatchNorm2d]:
         # _BatchNorm: also SyncBatchNorm, which --sync-bn swaps in during training

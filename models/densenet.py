@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import ChannelSelect, ChannelSlices, EveryBNPrunable, check_widths, entry_slices, init_weights
+from .common import ChannelSelect, ChannelSlices, StreamNet, check_widths, entry_slices
 
 GROWTH = 12
 
@@ -74,7 +74,7 @@ class Transition(Layer):
         return nn.functional.avg_pool2d(self.branch(x), 2)
 
 
-class Net(EveryBNPrunable, nn.Module):
+class Net(StreamNet, nn.Module):
     arch = "densenet"
     """DenseNet: 3x3 stem conv (24) -> dense1 -> trans1 -> dense2 -> trans2 -> dense3 -> select
     -> bn -> ReLU -> 8x8 average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes)."""
@@ -93,19 +93,11 @@ class Net(EveryBNPrunable, nn.Module):
             setattr(self, f"dense{b + 1}", nn.Sequential(*(DenseLayer(cfg[first + i]) for i in range(n))))
             if b < 2:
                 setattr(self, f"trans{b + 1}", Transition(cfg[first + n], widths[first + n]))
-        self.bn = nn.BatchNorm2d(cfg[-1])
-        self.select = ChannelSelect(cfg[-1])
-        self.relu = nn.ReLU(inplace=True)
-        self.fc = nn.Linear(cfg[-1], num_classes)
-        if self.fc.weight.is_meta:  # build(empty=True): weights come by assignment
-            return
-        init_weights(self)
+        self.add_head(cfg[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.trans1(self.dense1(self.conv1(x)))
-        x = self.dense3(self.trans2(self.dense2(x)))
-        x = self.relu(self.bn(self.select(x)))
-        return self.fc(nn.functional.avg_pool2d(x, 8).flatten(1))
+        return self.head(self.dense3(self.trans2(self.dense2(x))))
 
     def channel_slices(self) -> ChannelSlices:
         """Per BatchNorm2d (modules() order), the (state_dict key, dim) its keep-mask cuts."""

@@ -35,11 +35,10 @@ from torch import nn
 from .common import (
     ChannelSelect,
     ChannelSlices,
-    EveryBNPrunable,
+    StreamNet,
     bn_slices,
     check_widths,
     entry_slices,
-    init_weights,
 )
 
 EXPANSION = 4
@@ -99,7 +98,7 @@ class Bottleneck(nn.Module):
         return out + x
 
 
-class Net(EveryBNPrunable, nn.Module):
+class Net(StreamNet, nn.Module):
     arch = "preresnet"
     """Pre-activation ResNet: 3x3 stem conv (16) -> layer1..3 -> select -> bn -> ReLU -> 8x8
     average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes) logits."""
@@ -119,18 +118,10 @@ class Net(EveryBNPrunable, nn.Module):
             blocks = [Bottleneck(streams[s * n + k], planes, cfg[3 * (s * n + k):3 * (s * n + k) + 3],
                                  stride=2 if s and not k else 1) for k in range(n)]
             setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
-        self.bn = nn.BatchNorm2d(cfg[-1])
-        self.select = ChannelSelect(cfg[-1])
-        self.relu = nn.ReLU(inplace=True)
-        self.fc = nn.Linear(cfg[-1], num_classes)
-        if self.fc.weight.is_meta:  # build(empty=True): weights come by assignment
-            return
-        init_weights(self)
+        self.add_head(cfg[-1], num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.layer3(self.layer2(self.layer1(self.conv1(x))))
-        x = self.relu(self.bn(self.select(x)))
-        return self.fc(nn.functional.avg_pool2d(x, 8).flatten(1))
+        return self.head(self.layer3(self.layer2(self.layer1(self.conv1(x)))))
 
     def channel_slices(self) -> ChannelSlices:
         """Per BatchNorm2d (modules() order), the (state_dict key, dim) its keep-mask cuts."""
