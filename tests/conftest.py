@@ -35,3 +35,28 @@ def random_cfg(arch: str, rng: random.Random, depth: int = 11, lo: int = 1, hi: 
 def tiny_vgg():
     torch.manual_seed(0)
     return models.build("vgg", cfg=TINY_VGG)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Many tiny convolutions: one thread is faster, and steady when the cores are busy."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def init_calls(monkeypatch):
+    """Records (initialiser name, whether its tensor was on the meta device) for every
+    ``nn.init`` call made while the test runs."""
+    calls = []
+    for name in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "constant_", "zeros_"):
+        real = getattr(nn.init, name)
+
+        def spy(tensor, *a, _real=real, _name=name, **k):
+            calls.append((_name, tensor.is_meta))
+            return _real(tensor, *a, **k)
+
+        monkeypatch.setattr(nn.init, name, spy)
+    return calls

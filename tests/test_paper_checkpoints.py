@@ -13,13 +13,7 @@ from test_prune import rel_diff, zeroed_reference
 import models
 from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, prune, save_checkpoint
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 # --- the paper's layout, written from its description --------------------------------------

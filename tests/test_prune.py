@@ -167,20 +167,13 @@ def test_original_untouched_and_new_model_trainable(tiny_vgg):
 
 
 @pytest.mark.parametrize("arch", ["vgg", "nin"])
-def test_new_network_is_not_initialised_for_nothing(arch, monkeypatch):
+def test_new_network_is_not_initialised_for_nothing(arch, init_calls):
     """No initialiser touches real memory while pruning: the new network lives on the meta
     device until the kept weights are assigned (PyTorch's own layer constructors still call
     theirs there, at no cost), and our families skip their own init loop entirely."""
     model = models.build(arch, cfg=[6] * 8 if arch == "nin" else [6, "M", 6, "M", 6, "M", 6, "M", 6])
-    calls = []
-    for name in ("kaiming_normal_", "kaiming_uniform_", "normal_", "uniform_", "constant_", "zeros_"):
-        real = getattr(nn.init, name)
-
-        def spy(tensor, *a, _real=real, _name=name, **k):
-            calls.append((_name, tensor.is_meta))
-            return _real(tensor, *a, **k)
-
-        monkeypatch.setattr(nn.init, name, spy)
+    calls = init_calls
+    calls.clear()  # the build above initialised for real
     prune(model, percent=0.5)
     assert all(is_meta for _, is_meta in calls)
     assert not {"kaiming_normal_", "constant_", "normal_"} & {name for name, _ in calls}

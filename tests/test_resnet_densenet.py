@@ -13,24 +13,14 @@ from torch import nn
 
 import models
 from models.common import ChannelSelect
-from slimming import BNSparsity, checkpoint_dict, load_model, prune, save_checkpoint
+from slimming import BNSparsity, checkpoint_dict, count_params, load_model, prune, save_checkpoint
 from slimming.prune import copy_sliced_weights
 
 SMALL = [("preresnet", 11), ("preresnet", 20), ("densenet", 10), ("densenet", 16)]
 PERCENTS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many tiny convolutions: one thread is faster, and steady when the cores are busy."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def count_params(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def bns_of(model: nn.Module) -> list[nn.BatchNorm2d]:
@@ -220,17 +210,10 @@ def test_pruned_checkpoint_round_trip(arch, depth, tmp_path):
 
 
 @pytest.mark.parametrize("arch,depth", SMALL[::2])
-def test_new_network_is_not_initialised_for_nothing(arch, depth, monkeypatch):
+def test_new_network_is_not_initialised_for_nothing(arch, depth, init_calls):
     model = models.build(arch, depth=depth)
-    calls = []
-    for name in ("kaiming_normal_", "normal_", "constant_", "zeros_"):
-        real = getattr(nn.init, name)
-
-        def spy(tensor, *a, _real=real, _name=name, **k):
-            calls.append((_name, tensor.is_meta))
-            return _real(tensor, *a, **k)
-
-        monkeypatch.setattr(nn.init, name, spy)
+    calls = init_calls
+    calls.clear()
     prune(model, percent=0.5)
     assert not {"kaiming_normal_", "constant_"} & {name for name, _ in calls}
 
