@@ -113,6 +113,9 @@ def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     try:
         resumed = resume_checkpoint(args, device)
+        if resumed is not None and int(resumed["epoch"]) >= args.epochs:  # before loading any data
+            say(f"nothing to do: {args.save} already holds {resumed['epoch']} of {args.epochs} epochs")
+            return
         seed_everything(args.seed, args.deterministic)
         train_loader, test_loader, num_classes = loaders(args, device, dist)
         if resumed is None:
@@ -159,9 +162,6 @@ def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module
             args.save.mkdir(parents=True, exist_ok=True)
             keep_metrics(args.save / "metrics.jsonl", start_epoch)
             sweep_temporaries(args.save)
-        if start_epoch >= args.epochs:
-            say(f"nothing to do: {args.save} already holds {start_epoch} of {args.epochs} epochs")
-            return
         result = trainer.fit(train_loader, test_loader, epochs=args.epochs, save_dir=args.save,
                              start_epoch=start_epoch, best_acc=best_acc,
                              extra={"args": plain_args(args), **extra}, log=say)
