@@ -23,19 +23,30 @@ class ChannelSelect(nn.Module):
     """``x[:, index]``: keep the input channels listed in ``index`` (sorted stream positions).
 
     ``index`` is a persistent int64 buffer, so it travels in the state_dict; ``arange(channels)``
-    until a state_dict assigns the real positions. (N, C, H, W) -> (N, len(index), H, W). One
-    ``index_select``: no NumPy, no host sync, scriptable and exportable.
+    until a state_dict assigns the real positions. (N, in_channels, H, W) -> (N, len(index), H,
+    W). One ``index_select``: no NumPy, no host sync, scriptable and exportable.
     """
 
-    def __init__(self, channels: int):
+    def __init__(self, channels: int, in_channels: int | None = None):
         super().__init__()
+        self.in_channels = channels if in_channels is None else in_channels
         self.register_buffer("index", torch.arange(channels, dtype=torch.long))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.index_select(1, self.index)
 
+    def check_index(self) -> None:
+        """Raise ValueError unless ``index`` is strictly increasing positions in
+        [0, in_channels): what a loaded file must hold before the index is used."""
+        i = self.index
+        if i.dtype != torch.long or i.dim() != 1:
+            raise ValueError(f"expected a 1-d int64 index, got {i.dtype} {tuple(i.shape)}")
+        if i.numel() and (int(i.min()) < 0 or int(i.max()) >= self.in_channels
+                          or not bool((i[1:] > i[:-1]).all())):
+            raise ValueError(f"expected increasing positions in [0, {self.in_channels})")
+
     def extra_repr(self) -> str:
-        return f"channels={self.index.numel()}"
+        return f"channels={self.index.numel()}, in_channels={self.in_channels}"
 
 
 def bn_slices(prefix: str) -> list[tuple[str, int]]:
@@ -79,11 +90,12 @@ class StreamNet:
     the head is select -> BN -> ReLU -> 8x8 average pool -> linear, named as in the paper's code
     (``bn``, ``select``, ``fc``)."""
 
-    def add_head(self, width: int, num_classes: int) -> None:
-        """The head, then the weight initialisation (skipped on the meta device: an empty
-        build gets its weights by assignment). Call it last in ``__init__``."""
+    def add_head(self, width: int, num_classes: int, in_channels: int) -> None:
+        """The head (reading ``width`` of the stream's ``in_channels``), then the weight
+        initialisation (skipped on the meta device: an empty build gets its weights by
+        assignment). Call it last in ``__init__``."""
         self.bn = nn.BatchNorm2d(width)
-        self.select = ChannelSelect(width)
+        self.select = ChannelSelect(width, in_channels)
         self.relu = nn.ReLU(inplace=True)
         self.fc = nn.Linear(width, num_classes)
         if not self.fc.weight.is_meta:

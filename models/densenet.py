@@ -22,8 +22,9 @@ GROWTH = 12
 
 
 def layers_per_block(depth: int) -> int:
-    if not isinstance(depth, int) or depth < 7 or (depth - 4) % 3:
-        raise ValueError(f"DenseNet depth must be 3n+4 with n >= 1 (7, 10, ..., 40), got {depth}")
+    if not isinstance(depth, int) or not 7 <= depth <= 301 or (depth - 4) % 3:
+        raise ValueError(f"DenseNet depth must be 3n+4 with n >= 1 (7, 10, ..., 40, ..., 301), "
+                         f"got {depth}")
     return (depth - 4) // 3
 
 
@@ -42,10 +43,10 @@ class Layer(nn.Module):
     """select -> bn1 -> ReLU -> conv1 (``conv_out`` channels, 3x3 in a dense layer, 1x1 in a
     transition). (N, C, H, W) -> (N, conv_out, H, W), C >= ``width`` = channels kept."""
 
-    def __init__(self, width: int, conv_out: int, kernel_size: int):
+    def __init__(self, width: int, conv_out: int, kernel_size: int, in_channels: int):
         super().__init__()
         self.bn1 = nn.BatchNorm2d(width)
-        self.select = ChannelSelect(width)
+        self.select = ChannelSelect(width, in_channels)
         self.conv1 = nn.Conv2d(width, conv_out, kernel_size, padding=kernel_size // 2, bias=False)
         self.relu = nn.ReLU(inplace=True)
 
@@ -56,8 +57,8 @@ class Layer(nn.Module):
 class DenseLayer(Layer):
     """Appends ``GROWTH`` new channels to its input: (N, C, H, W) -> (N, C + 12, H, W)."""
 
-    def __init__(self, width: int):
-        super().__init__(width, GROWTH, 3)
+    def __init__(self, width: int, in_channels: int):
+        super().__init__(width, GROWTH, 3, in_channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.branch(x)], 1)
@@ -68,16 +69,17 @@ class Transition(Layer):
     (N, C, H, W) -> (N, C, H / 2, W / 2)."""
 
     def __init__(self, width: int, channels: int):
-        super().__init__(width, channels, 1)
+        super().__init__(width, channels, 1, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.avg_pool2d(self.branch(x), 2)
 
 
 class Net(StreamNet, nn.Module):
-    arch = "densenet"
     """DenseNet: 3x3 stem conv (24) -> dense1 -> trans1 -> dense2 -> trans2 -> dense3 -> select
     -> bn -> ReLU -> 8x8 average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes)."""
+
+    arch = "densenet"
 
     def __init__(self, depth: int = 40, cfg: list | None = None, num_classes: int = 10):
         super().__init__()
@@ -90,10 +92,11 @@ class Net(StreamNet, nn.Module):
         self.conv1 = nn.Conv2d(3, 2 * GROWTH, 3, padding=1, bias=False)
         for b in range(3):
             first = b * (n + 1)
-            setattr(self, f"dense{b + 1}", nn.Sequential(*(DenseLayer(cfg[first + i]) for i in range(n))))
+            layers = (DenseLayer(cfg[first + i], widths[first + i]) for i in range(n))
+            setattr(self, f"dense{b + 1}", nn.Sequential(*layers))
             if b < 2:
                 setattr(self, f"trans{b + 1}", Transition(cfg[first + n], widths[first + n]))
-        self.add_head(cfg[-1], num_classes)
+        self.add_head(cfg[-1], num_classes, widths[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.trans1(self.dense1(self.conv1(x)))

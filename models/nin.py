@@ -15,12 +15,13 @@ def block(cin: int, cout: int, k: int, pad: int) -> list[nn.Module]:
 
 
 class Net(nn.Module):
-    arch = "nin"
     """Nine conv-BN-ReLU blocks (conv bias on), the last one to ``num_classes``, then 8x8 avg pool.
 
     ``cfg`` holds the eight prunable widths; the last block's BN (``num_classes`` channels) is
     never pruned. Input (N, 3, 32, 32), output (N, num_classes) logits.
     """
+
+    arch = "nin"
 
     def __init__(self, cfg: list | None = None, num_classes: int = 10):
         super().__init__()

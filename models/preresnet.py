@@ -46,9 +46,9 @@ PLANES = (16, 32, 64)
 
 
 def blocks_per_stage(depth: int) -> int:
-    if not isinstance(depth, int) or depth < 11 or (depth - 2) % 9:
-        raise ValueError(f"pre-activation ResNet depth must be 9n+2 with n >= 1 (11, 20, ..., 164), "
-                         f"got {depth}")
+    if not isinstance(depth, int) or not 11 <= depth <= 1001 or (depth - 2) % 9:
+        raise ValueError(f"pre-activation ResNet depth must be 9n+2 with n >= 1 (11, 20, ..., "
+                         f"164, ..., 1001), got {depth}")
     return (depth - 2) // 9
 
 
@@ -77,7 +77,7 @@ class Bottleneck(nn.Module):
         super().__init__()
         # registration order = modules() order = the paper's: bn1 before select and conv1
         self.bn1 = nn.BatchNorm2d(cfg[0])
-        self.select = ChannelSelect(cfg[0])
+        self.select = ChannelSelect(cfg[0], inplanes)
         self.conv1 = nn.Conv2d(cfg[0], cfg[1], 1, bias=False)
         self.bn2 = nn.BatchNorm2d(cfg[1])
         self.conv2 = nn.Conv2d(cfg[1], cfg[2], 3, stride=stride, padding=1, bias=False)
@@ -99,9 +99,10 @@ class Bottleneck(nn.Module):
 
 
 class Net(StreamNet, nn.Module):
-    arch = "preresnet"
     """Pre-activation ResNet: 3x3 stem conv (16) -> layer1..3 -> select -> bn -> ReLU -> 8x8
     average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes) logits."""
+
+    arch = "preresnet"
 
     def __init__(self, depth: int = 164, cfg: list | None = None, num_classes: int = 10):
         super().__init__()
@@ -118,7 +119,7 @@ class Net(StreamNet, nn.Module):
             blocks = [Bottleneck(streams[s * n + k], planes, cfg[3 * (s * n + k):3 * (s * n + k) + 3],
                                  stride=2 if s and not k else 1) for k in range(n)]
             setattr(self, f"layer{s + 1}", nn.Sequential(*blocks))
-        self.add_head(cfg[-1], num_classes)
+        self.add_head(cfg[-1], num_classes, streams[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.layer3(self.layer2(self.layer1(self.conv1(x)))))

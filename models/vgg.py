@@ -35,14 +35,19 @@ def check_cfg(cfg: list) -> None:
         raise ValueError(f"a VGG cfg is a list of positive widths and 'M', got {cfg!r}")
     if cfg[-1] == "M":
         raise ValueError("a VGG cfg must end with a conv width, not 'M'")
+    pools = cfg.count("M")
+    if pools != 4:  # 32 -> 16 -> 8 -> 4 -> 2, then the 2x2 average pool before the classifier
+        raise ValueError(f"a VGG cfg for 32x32 inputs needs exactly four 'M' (2x2 max-pools), "
+                         f"got {pools}")
 
 
 class Net(nn.Module):
-    arch = "vgg"
     """VGG for 32x32 inputs: ``feature`` -> 2x2 average pool -> ``Linear(cfg[-1], num_classes)``.
 
     Input (N, 3, 32, 32), output (N, num_classes) logits. cfg needs four 'M' for 32x32 inputs.
     """
+
+    arch = "vgg"
 
     def __init__(self, cfg: list | None = None, depth: int = 19, num_classes: int = 10):
         super().__init__()

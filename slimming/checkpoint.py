@@ -10,16 +10,16 @@ Format (``version`` 1)::
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
 Files of the paper's own PyTorch code (no "arch") load too, given their arch: slimming.compat.
-Everything loads with ``torch.load(path, weights_only=True)``: nothing in a file is executed.
+Everything loads with ``torch.load(path, weights_only=True)``, bounded by ``slimming.safeload``:
+nothing in a file is executed, and nothing in it costs more than its size warrants. Every field
+is checked (type, range, the declared options against the weights' shapes) before anything is
+built from it.
 """
 
 from __future__ import annotations
 
-import hashlib
+import math
 import os
-import pickle
-import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,126 +27,121 @@ import torch
 from torch import nn
 
 import models
+from models.common import ChannelSelect
+
+from .compat import PAPER_NAMES, from_paper
+from .errors import CheckpointError, first_line
+from .files import atomic_path
+from .safeload import checksum, read_file, verify_checksum
+from .structure import check_declared
 
 FORMAT, VERSION = "slimming", 1
+NUMBER_FIELDS = ("acc", "best_acc", "source_acc", "threshold", "percent")
 
 
-class CheckpointError(ValueError):
-    """A file that is not a usable checkpoint; the message is one line meant for the user."""
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else type(e).__name__
-
-
-def default_file_mode() -> int:
-    """0o666 less the umask: what ``open()`` would give a new file (mkstemp gives 0o600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _feed(h, obj: Any) -> None:
-    """Hash ``obj`` (tensors, dicts, lists, tuples, plain values) in a fixed traversal order."""
+def _to_cpu(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy())
-    elif isinstance(obj, dict):
-        h.update(f"D{len(obj)}".encode())
-        for k, v in obj.items():
-            _feed(h, k)
-            _feed(h, v)
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"L{len(obj)}".encode())
-        for v in obj:
-            _feed(h, v)
-    else:
-        h.update(f"V{type(obj).__name__}{obj!r}".encode())
-
-
-def checksum(ckpt: dict[str, Any]) -> str:
-    """A BLAKE2b digest of every tensor byte and plain value of ``ckpt`` but its "checksum"."""
-    h = hashlib.blake2b(digest_size=16)
-    _feed(h, {k: v for k, v in ckpt.items() if k != "checksum"})
-    return h.hexdigest()
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write ``ckpt`` plus its ``checksum`` to ``path`` atomically: a temporary file in the same
-    folder, flushed and fsynced, then renamed over ``path``. A crash leaves the old file or the
-    new one, never half of one; flipped bits are caught by the checksum on load."""
-    ckpt = {**ckpt, "checksum": checksum(ckpt)}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), default_file_mode())
-            torch.save(ckpt, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    """Write ``ckpt`` plus its ``checksum`` to ``path`` atomically (``slimming.files``): a crash
+    or a signal leaves the old file or the new one, never half of one; flipped bits are caught
+    by the checksum on load. Tensors are saved from the CPU, so a file is the same whatever
+    device it was made on, and loads on a machine without that device."""
+    ckpt = _to_cpu(ckpt)
+    ckpt["checksum"] = checksum(ckpt)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        torch.save(ckpt, f)  # a file object: the archive's inner name does not vary with tmp
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_fields(ckpt: dict, path: Path) -> None:
+    """Types and ranges of the fields a command reads, with one line per problem."""
+    def bad(field: str, what: str) -> CheckpointError:
+        return CheckpointError(f"{path}: its {field!r} is {str(ckpt.get(field))[:60]!s}: {what}")
+
+    if ckpt.get("format", FORMAT) != FORMAT:
+        raise bad("format", f"expected {FORMAT!r}: not a slimming checkpoint")
+    version = ckpt.get("version", VERSION)
+    if not _is_int(version) or version < 1:
+        raise bad("version", "expected a positive integer")
+    if version > VERSION:
+        raise CheckpointError(f"{path}: written by a newer slimming (checkpoint version {version}; "
+                              f"this one reads up to {VERSION}): upgrade slimming")
+    if ckpt["arch"] not in models.ARCHS:
+        raise bad("arch", f"expected one of: {', '.join(sorted(models.ARCHS))}")
+    options = ckpt.get("options")
+    if options is not None and not isinstance(options, dict):
+        raise bad("options", "expected a dict such as {'depth': 19, 'num_classes': 10}")
+    for key, value in (options or {}).items():
+        if not isinstance(key, str) or not _is_int(value) or value < 1:
+            raise CheckpointError(f"{path}: option {str(key)[:40]!r} = {str(value)[:40]}: "
+                                  "expected a positive integer")
+    cfg = ckpt.get("cfg")
+    if cfg is not None and (not isinstance(cfg, list) or not all(
+            v == "M" or (_is_int(v) and v >= 1) for v in cfg)):
+        raise bad("cfg", "expected None or a list of positive widths (and 'M')")
+    masks = ckpt.get("cfg_mask")
+    if masks is not None and (not isinstance(masks, list) or not all(
+            isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.dim() == 1 for m in masks)):
+        raise bad("cfg_mask", "expected None or a list of 1-d bool tensors")
+    if ckpt.get("epoch") is not None and (not _is_int(ckpt["epoch"]) or ckpt["epoch"] < 0):
+        raise bad("epoch", "expected a count of completed epochs")
+    for field in NUMBER_FIELDS:
+        value = ckpt.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise bad(field, "expected a finite number")
+    for field in ("args", "source"):
+        if ckpt.get(field) is not None and not isinstance(ckpt[field], dict):
+            raise bad(field, "expected a dict")
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     arch: str | None = None, depth: int | None = None) -> dict:
-    """Read a checkpoint with ``weights_only=True``; any problem is one CheckpointError line.
+    """Read a checkpoint safely (``slimming.safeload``); any problem is one CheckpointError line.
 
+    The weights (``state_dict``) go to ``map_location``; everything else stays on the CPU.
     A file that does not name its architecture (one written by the paper's PyTorch code) needs
     ``arch`` (``vgg``, ``preresnet``/``resnet``, ``densenet``) and is converted to a slimming
     checkpoint (see ``slimming.compat``); ``depth`` is then read off its weights unless given.
     For a slimming file, ``arch`` and ``depth`` when given must agree with it.
     """
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, expected a checkpoint file")
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
-        if found:  # a class or function whose unpickling would run code: never run it
-            raise CheckpointError(
-                f"{path}: refused: it holds a Python object ({found.group(1)}) that loading "
-                "would have to execute; only tensors and plain values are accepted") from None
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or "
-                              "truncated?") from None
-    except PermissionError:
-        raise CheckpointError(f"{path}: permission denied") from None
-    except Exception as e:  # truncated zip, random bytes, ...: all mean the same to the user
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or truncated? "
-                              f"({_first_line(e)})") from None
+    ckpt = read_file(path)
     if not isinstance(ckpt, dict) or not isinstance(ckpt.get("state_dict"), dict):
         raise CheckpointError(f"{path}: not a checkpoint: it has no 'state_dict'")
-    if "checksum" in ckpt and ckpt["checksum"] != checksum(ckpt):
-        raise CheckpointError(f"{path}: corrupt: its contents do not match the checksum written "
-                              "with it (a damaged copy? use another checkpoint, e.g. best.pth)")
-    ckpt["state_dict"] = strip_prefix(ckpt["state_dict"])
+    verify_checksum(ckpt, path)
+    sd = strip_prefix(ckpt["state_dict"])
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()):
+        raise CheckpointError(f"{path}: its state_dict holds something other than named tensors")
+    ckpt["state_dict"] = sd
     if "arch" not in ckpt:
+        if "format" in ckpt:
+            raise CheckpointError(f"{path}: a slimming checkpoint without its 'arch': damaged?")
         if arch is None:
             raise CheckpointError(f"{path}: the file does not say its architecture ('arch'): it was "
                                   "not written by slimming; pass --arch (vgg, preresnet, densenet)")
-        from .compat import from_paper
-
-        return from_paper(ckpt, arch, depth, path)
-    from .compat import PAPER_NAMES
-
-    if arch is not None and PAPER_NAMES.get(arch, arch) != ckpt["arch"]:
-        raise CheckpointError(f"{path}: the file holds arch {ckpt['arch']!r}, not {arch!r}")
-    have = (ckpt.get("options") or {}).get("depth")
-    if depth is not None and have is not None and depth != have:
-        raise CheckpointError(f"{path}: the file holds a depth-{have} {ckpt['arch']}, not depth {depth}")
+        ckpt = {"format": FORMAT, "version": VERSION, **from_paper(ckpt, arch, depth, path)}
+        model_from_checkpoint(ckpt, path)  # built on the meta device: any misfit is an error now
+    else:
+        _check_fields(ckpt, path)
+        if arch is not None and PAPER_NAMES.get(arch, arch) != ckpt["arch"]:
+            raise CheckpointError(f"{path}: the file holds arch {ckpt['arch']!r}, not {arch!r}")
+        have = (ckpt.get("options") or {}).get("depth")
+        if depth is not None and have is not None and depth != have:
+            raise CheckpointError(f"{path}: the file holds a depth-{have} {ckpt['arch']}, not depth {depth}")
+    if torch.device(map_location).type != "cpu":
+        ckpt["state_dict"] = {k: v.to(map_location) for k, v in ckpt["state_dict"].items()}
     return ckpt
 
 
@@ -157,19 +152,49 @@ def strip_prefix(state_dict: dict, prefix: str = "module.") -> dict:
     return state_dict
 
 
+def _match_dtypes(state: dict, expected: dict, path) -> dict:
+    """Cast floating tensors saved in another float precision (a ``model.half()`` or float64
+    file) to the network's; refuse any other dtype mismatch."""
+    out = {}
+    for key, t in state.items():
+        want = expected.get(key)
+        if want is not None and t.dtype != want.dtype:
+            if not (t.is_floating_point() and want.is_floating_point()):
+                raise CheckpointError(f"{path}: {key} is {t.dtype}, expected {want.dtype}")
+            t = t.to(want.dtype)
+        out[key] = t
+    return out
+
+
 def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") -> nn.Module:
-    """Rebuild the network a loaded checkpoint describes, weights in place (their device)."""
+    """Rebuild the network a loaded checkpoint describes, weights in place (their device).
+
+    The declared options and cfg are checked against the weights' shapes first, so building
+    never costs more than the file's tensors warrant."""
     arch, cfg, options = ckpt["arch"], ckpt.get("cfg"), ckpt.get("options") or {}
+    try:
+        check_declared(arch, options, cfg, ckpt["state_dict"])
+    except KeyError as e:
+        raise CheckpointError(f"{path}: its weights are not a {arch}'s: no {e.args[0]!r}") from None
+    except (ValueError, IndexError, AttributeError, TypeError) as e:
+        raise CheckpointError(f"{path}: its weights do not fit its description: {first_line(e)}") from None
     try:
         model = models.build(arch, cfg=cfg, empty=True, **options)
     except (ValueError, TypeError) as e:
-        raise CheckpointError(f"{path}: cannot rebuild its network: {_first_line(e)}") from None
+        raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
+    state = _match_dtypes(ckpt["state_dict"], model.state_dict(), path)
     try:
-        model.load_state_dict(ckpt["state_dict"], assign=True)
+        model.load_state_dict(state, assign=True)
     except (RuntimeError, KeyError, TypeError, AttributeError) as e:
-        detail = _first_line(e) if "Error(s) in loading" not in str(e) else str(e).splitlines()[1]
-        raise CheckpointError(f"{path}: its weights do not fit arch {arch!r} with cfg {cfg}: "
-                              f"{detail.strip()}") from None
+        detail = first_line(e) if "Error(s) in loading" not in str(e) else str(e).splitlines()[1]
+        raise CheckpointError(f"{path}: its weights do not fit arch {arch!r} with cfg "
+                              f"{str(cfg)[:80]}: {detail.strip()[:200]}") from None
+    for name, m in model.named_modules():
+        if isinstance(m, ChannelSelect):
+            try:
+                m.check_index()
+            except ValueError as e:
+                raise CheckpointError(f"{path}: {name}.index: {e}") from None
     return model
 
 

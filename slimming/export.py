@@ -5,20 +5,16 @@ PyTorch model on a random batch; the file is kept only when they agree."""
 from __future__ import annotations
 
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .checkpoint import default_file_mode
+from .errors import ExportError, first_line
+from .files import atomic_path
 
 FORMATS = ("export", "torchscript", "onnx")
-
-
-class ExportError(ValueError):
-    """An export that failed or does not reproduce the model; one line meant for the user."""
 
 
 def _run_torchscript(model, x, path):
@@ -56,33 +52,27 @@ RUNNERS = {"torchscript": _run_torchscript, "export": _run_export, "onnx": _run_
 def export_model(model: nn.Module, out: str | os.PathLike, fmt: str = "export",
                  input_size: tuple[int, ...] = (3, 32, 32), batch_size: int = 4,
                  atol: float = 1e-4) -> float:
-    """Write ``model`` (eval mode, CPU) to ``out`` in format ``fmt`` and return the largest
-    absolute difference between the exported model's and PyTorch's outputs on a random batch
-    (N, *input_size). Raises ExportError, leaving no file, when it is not within ``atol``."""
+    """Write ``model`` (eval mode, on its own device) to ``out`` in format ``fmt`` and return
+    the largest absolute difference between the exported model's and PyTorch's outputs on a
+    random batch (N, *input_size). Raises ExportError, leaving no file, when it is not within
+    ``atol``. (ONNX is checked with onnxruntime's CPU provider.)"""
     if fmt not in RUNNERS:
         raise ExportError(f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
-    model = model.eval().cpu()
-    x = torch.randn(batch_size, *input_size)
+    model = model.eval()
+    x = torch.randn(batch_size, *input_size, device=next(model.parameters()).device)
     expected = model(x)
     out = Path(out)
     if fmt == "export" and out.suffix != ".pt2":
         raise ExportError(f"{out}: a torch.export program is a .pt2 file; name it e.g. model.pt2")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.stem}.", suffix=f".tmp{out.suffix}", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_path(out) as tmp:
         try:
             got = RUNNERS[fmt](model, x, tmp)
         except ExportError:
             raise
         except Exception as e:  # the exporters raise many kinds; all mean "could not export"
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-            raise ExportError(f"{fmt} export failed: {first}") from None
-        diff = (got.float() - expected).abs().max().item()
+            raise ExportError(f"{fmt} export failed: {first_line(e)}") from None
+        diff = (got.float().to(expected.device) - expected).abs().max().item()
         if not diff <= atol:
             raise ExportError(f"{fmt} export does not reproduce the model: largest difference "
                               f"{diff:.3g} > tolerance {atol:g}")
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, out)
-        return diff
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    return diff

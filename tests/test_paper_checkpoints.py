@@ -303,3 +303,23 @@ def test_slimming_layout_without_arch_passes_through(tmp_path):
     loaded = load_model(tmp_path / "bare.pth", arch="preresnet")
     x = torch.randn(2, 3, 32, 32)
     assert loaded.cfg == pruned.cfg and torch.equal(loaded(x), pruned(x))
+
+
+@pytest.mark.parametrize("cfg", [None, [5, 7, 3, 9, 4, 6, 2, 8]])
+def test_nin_files_of_the_paper_load_and_match(tmp_path, cfg):
+    """The paper's NIN files (``feature.N``: nine conv-BN-ReLU blocks, the last to the classes)
+    read with --arch nin: widths and classes off the weights, outputs unchanged."""
+    model = models.build("nin", cfg=cfg, num_classes=7).eval()
+    randomize_bn(model, torch.Generator().manual_seed(3))
+    path = tmp_path / "nin.pth.tar"
+    saved = {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 4}
+    if cfg is not None:
+        saved["cfg"] = cfg
+    torch.save(saved, path)
+    loaded = load_model(path, arch="nin")
+    assert loaded.cfg == (cfg or models.nin.DEFAULT_CFG) and loaded.options == {"num_classes": 7}
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    with pytest.raises(CheckpointError, match="NIN takes no depth"):
+        load_model(path, arch="nin", depth=19)
