@@ -6,21 +6,28 @@ flip; every batch is normalised per channel. Imports torchvision only when calle
 Two loaders serve the same batches. ``TensorLoader`` (``loader="fast"``) keeps the whole dataset
 as one uint8 tensor on the training device and augments a whole batch with a few tensor ops: no
 worker processes, no per-image Python. ``loader="torchvision"`` is the usual Dataset + DataLoader.
-An ImageFolder is decoded once and cached as a ``.pt`` file for the fast loader.
+An image folder is listed and read by ``slimming.images`` (each file's size checked from its
+header before it is decoded, symlink loops not followed), for the fast loader decoded once and
+cached as a checksummed ``.pt`` file, verified before every use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import operator
 import os
 import sys
-import warnings
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+
+from .errors import CheckpointError, DataError, first_line
+from .images import check_image, list_images, read_image, shown
+from .safeload import read_file, verify_checksum
 
 DATASETS = ("cifar10", "cifar100", "imagefolder", "synthetic")
 LOADERS = ("fast", "torchvision")
@@ -29,11 +36,8 @@ LOADERS = ("fast", "torchvision")
 STATS = {"cifar10": ((0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)),
          "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))}
 PADDING = 4  # RandomCrop(32, padding=4)
-CACHE_FORMAT, CACHE_VERSION = "slimming-decoded", 1
-
-
-class DataError(ValueError):
-    """A dataset that cannot be read as asked; the message is one line meant for the user."""
+# version 2: images read by slimming.images (PIL; 16-bit scaled as v >> 8, no longer wrapped)
+CACHE_FORMAT, CACHE_VERSION = "slimming-decoded", 2
 
 
 def default_root() -> Path:
@@ -208,6 +212,17 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"need 0 <= rank < world_size, got rank {rank}, world_size {world_size}")
 
 
+def _count(flag: str, value, least: int) -> int:
+    """``value`` as an int >= ``least``, else a DataError naming ``flag``."""
+    try:
+        n = operator.index(value)  # int or NumPy integer; no float, no bool
+    except TypeError:
+        n = None
+    if n is None or isinstance(value, bool) or n < least:
+        raise DataError(f"{flag} must be an integer >= {least}, got {value!r}")
+    return n
+
+
 def _pick_seed(seed: int | None, world_size: int) -> int:
     """``seed``, else 0 under DDP (every rank must agree, as DistributedSampler's default), else
     a fresh random one (leaving the global RNG untouched)."""
@@ -228,38 +243,48 @@ def _resolve_root(name: str, root) -> Path:
     return Path(root)
 
 
-def _imagefolder(root: Path, split: str, transform):
-    from torchvision.datasets import ImageFolder
+class ImageFiles(Dataset):
+    """The images of an image folder read one at a time (``loader="torchvision"``): item ``i`` is
+    ``(transform(image), label)``, image uint8 RGB (3, 32, 32) as ``read_image`` decodes it, the
+    same pixels the fast loader's cache holds. ``classes``, ``samples`` (path, label) and
+    ``targets`` as in torchvision's ImageFolder."""
 
-    folder = root / split
-    if not folder.is_dir():
-        raise DataError(f"{root}: expected the layout {split}/<class>/<image> (no {split}/ folder)")
-    try:
-        ds = ImageFolder(str(folder), transform=transform)
-    except (FileNotFoundError, OSError) as e:  # also an empty class folder
-        raise DataError(f"{folder}: {str(e).splitlines()[0]}") from None
-    from PIL import Image
+    def __init__(self, classes: list[str], samples: list[tuple[str, int]], transform=None):
+        self.classes, self.samples, self.transform = classes, samples, transform
+        self.targets = [label for _, label in samples]
 
-    with Image.open(ds.samples[0][0]) as im:
-        if im.size != (32, 32):
-            raise DataError(f"{folder}: images must be 32x32 for these networks, found "
-                            f"{im.size[0]}x{im.size[1]}; resize them first")
-    return ds
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        x = read_image(path)  # an ImageError stays one line even from a worker process
+        return (self.transform(x) if self.transform else x), label
 
 
-def _imagefolders(root: Path, train_transform=None, test_transform=None):
-    train = _imagefolder(root, "train", train_transform)
-    test = _imagefolder(root, "test", test_transform)
-    if train.classes != test.classes:
-        raise DataError(f"{root}: train/ and test/ hold different class folders")
-    return train, test
+def _list_imagefolder(root: Path) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]]]:
+    """``(classes, train samples, test samples)`` of ``root/{train,test}/<class>/...``, listed as
+    ImageFolder does (``slimming.images.list_images``); samples are (path, label)."""
+    if not root.is_dir():
+        raise DataError(f"{shown(root)}: no such folder; --data-root must be a folder holding "
+                        "train/<class>/<image> and test/<class>/<image>")
+    listed = []
+    for split in ("train", "test"):
+        if not (root / split).is_dir():
+            raise DataError(f"{shown(root)}: expected the layout {split}/<class>/<image> "
+                            f"(no {split}/ folder)")
+        listed.append(list_images(root / split))
+    (classes, train), (test_classes, test) = listed
+    if classes != test_classes:
+        raise DataError(f"{shown(root)}: train/ and test/ hold different class folders")
+    return classes, train, test
 
 
 def _cifar(name: str, root: Path, download: bool, train_transform=None, test_transform=None):
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
-    try:
+    try:  # torchvision checks each file's MD5 before unpickling it: a tampered file is refused
         train = cls(str(root), train=True, download=download, transform=train_transform)
         test = cls(str(root), train=False, download=download, transform=test_transform)
     except RuntimeError:
@@ -267,105 +292,150 @@ def _cifar(name: str, root: Path, download: bool, train_transform=None, test_tra
                         "--data-root at a folder that holds it, or use --dataset imagefolder "
                         "--data-root DIR (a local copy) or --dataset synthetic") from None
     except OSError as e:  # a download that cannot reach the network
-        raise DataError(f"{name}: download failed ({str(e).splitlines()[0]}); point --data-root "
+        raise DataError(f"{name}: download failed ({first_line(e)}); point --data-root "
                         "at a local copy or use --dataset imagefolder or synthetic") from None
     return train, test
 
 
 def build_datasets(name: str, root: str | os.PathLike | None = None, download: bool = False):
-    """(train set, test set, number of classes) for dataset ``name`` under ``root``."""
+    """(train set, test set, number of classes) for dataset ``name`` under ``root``. An image
+    folder's files are all checked from their headers here (a few microseconds each), so a bad
+    one stops the run now, not in the middle of an epoch."""
     root = _resolve_root(name, root)
     if name == "synthetic":
         train = TensorImages(*synthetic_images(2560, split_seed=1), transforms(name, True, False))
         test = TensorImages(*synthetic_images(512, split_seed=2), transforms(name, False, False))
         return train, test, 10
     if name == "imagefolder":
-        train, test = _imagefolders(root, transforms(name, True, True), transforms(name, False, True))
-    else:
-        train, test = _cifar(name, root, download, transforms(name, True, True),
-                             transforms(name, False, True))
+        classes, train_samples, test_samples = _list_imagefolder(root)
+        for path, _ in train_samples + test_samples:
+            check_image(path)
+        return (ImageFiles(classes, train_samples, transforms(name, True, False)),
+                ImageFiles(classes, test_samples, transforms(name, False, False)), len(classes))
+    train, test = _cifar(name, root, download, transforms(name, True, True),
+                         transforms(name, False, True))
     return train, test, len(train.classes)
 
 
-def _decode(path: str) -> torch.Tensor:
-    """One image file -> uint8 (3, H, W) RGB (grayscale and alpha images converted)."""
-    try:
-        from torchvision.io import ImageReadMode, decode_image, read_file
-    except ImportError:  # decoders deprecated in torchvision 0.29, to be removed: PIL, slower
-        from PIL import Image
-        from torchvision.transforms.v2.functional import pil_to_tensor
+# --------------------------------------------------------------------------- the decode cache
 
-        with Image.open(path) as im:
-            return pil_to_tensor(im.convert("RGB"))
-    return decode_image(read_file(path), mode=ImageReadMode.RGB)
+_decode = read_image  # one file -> uint8 (3, 32, 32); a module global so tests can count calls
 
 
-def _decode_all(samples: list[tuple[str, int]], folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
+def _decode_all(samples: list[tuple[str, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images uint8 (N, 3, 32, 32) and labels int64 (N,) of ``samples`` (path, label)."""
     images = torch.empty(len(samples), 3, 32, 32, dtype=torch.uint8)
-    with warnings.catch_warnings():  # torchvision 0.29 warns of the deprecation on every call
-        warnings.simplefilter("ignore", DeprecationWarning)
-        for i, (path, _) in enumerate(samples):
-            try:
-                x = _decode(path)
-            except RuntimeError as e:
-                raise DataError(f"{path}: cannot decode this image ({str(e).splitlines()[0]})") from None
-            if x.shape[1:] != (32, 32):
-                raise DataError(f"{folder}: images must be 32x32 for these networks, found "
-                                f"{x.shape[2]}x{x.shape[1]} ({path}); resize them first")
-            images[i] = x
-    return images, torch.tensor([label for _, label in samples], dtype=torch.int64)
+    for i, (path, _) in enumerate(samples):
+        images[i] = _decode(path)
+    return images, _labels(samples)
+
+
+def _labels(samples: list[tuple[str, int]]) -> torch.Tensor:
+    return torch.tensor([label for _, label in samples], dtype=torch.int64)
 
 
 def _listing_key(root: Path, samples: list[tuple[str, int]]) -> str:
-    """Hash of the folder's absolute path and its sorted files with labels, sizes and mtimes."""
-    h = hashlib.sha256(f"{CACHE_VERSION}\n{root.resolve()}\n".encode())
+    """Hash of the folder's absolute path and its sorted files with labels, sizes and mtimes.
+    Paths go in as bytes (``os.fsencode``): a file name need not be valid UTF-8."""
+    h = hashlib.sha256(f"{CACHE_VERSION}\n".encode() + os.fsencode(root.resolve()) + b"\n")
     for path, label in sorted(samples):
-        st = os.stat(path)
-        h.update(f"{os.path.relpath(path, root)}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        try:
+            st = os.stat(path)
+        except OSError as e:  # a broken link, or a file removed since the listing
+            raise DataError(f"{shown(path)}: cannot read it ({e.strerror}); fix or remove it") from None
+        h.update(os.fsencode(os.path.relpath(path, root))
+                 + f"\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
-def _read_cache(path: Path, key: str) -> dict | None:
-    try:
-        blob = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # missing, truncated, corrupt, not ours: rebuilt by the caller
+def _is(value, kind: type, expected) -> bool:
+    """``value == expected`` for a value of type ``kind`` only: a hostile cache may hold a tensor
+    where a string belongs, and ``tensor == str`` is no bool."""
+    return isinstance(value, kind) and not isinstance(value, bool) and value == expected
+
+
+def _verified_cache(path: Path, key: str, classes: list[str],
+                    labels: dict[str, torch.Tensor]) -> dict | None:
+    """The cache at ``path`` if it holds this listing's images; None if it is another listing's
+    (the folder changed: stale, not broken). Anything else raises CheckpointError (one line)."""
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"{shown(path)}: {what}")
+
+    if path.is_symlink():  # we write regular files; a link may lead to /dev/zero or a FIFO
+        raise bad("a symbolic link, not a file this toolkit wrote")
+    blob = read_file(path)  # bounded weights_only load; every failure is a CheckpointError
+    if not isinstance(blob, dict) or not _is(blob.get("format"), str, CACHE_FORMAT):
+        raise bad("not a slimming decoded-image cache")
+    if not _is(blob.get("version"), int, CACHE_VERSION) or not _is(blob.get("key"), str, key):
         return None
-    fields = ("train_images", "train_labels", "test_images", "test_labels")
-    if (isinstance(blob, dict) and blob.get("format") == CACHE_FORMAT and blob.get("key") == key
-            and all(isinstance(blob.get(f), torch.Tensor) for f in fields)):
-        return blob
-    return None
+    if not isinstance(blob.get("checksum"), str):
+        raise bad("no checksum")
+    verify_checksum(blob, path)
+    found = blob.get("classes")
+    if not (isinstance(found, list) and all(isinstance(c, str) for c in found) and found == classes):
+        raise bad("its classes are not the folder's class folders")
+    for split in ("train", "test"):
+        x, y, want = blob.get(f"{split}_images"), blob.get(f"{split}_labels"), labels[split]
+        n = len(want)
+        if not (isinstance(x, torch.Tensor) and x.dtype == torch.uint8 and x.shape == (n, 3, 32, 32)):
+            raise bad(f"its {split}_images are not uint8 ({n}, 3, 32, 32)")
+        if not (isinstance(y, torch.Tensor) and y.dtype == torch.int64 and y.shape == (n,)):
+            raise bad(f"its {split}_labels are not int64 ({n},)")
+        if n and (int(y.min()) < 0 or int(y.max()) >= len(classes)):
+            raise bad(f"its {split}_labels fall outside [0, {len(classes)})")
+        if not torch.equal(y, want):
+            raise bad(f"its {split}_labels are not the folder's")
+    return blob
+
+
+def _read_cache(path: Path, key: str, classes: list[str], labels: dict[str, torch.Tensor]) -> dict | None:
+    """The valid cache at ``path``, else None (to be rebuilt); an invalid one is said so in one
+    line on stderr."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        return _verified_cache(path, key, classes, labels)
+    except (CheckpointError, OSError) as e:
+        reason = e if isinstance(e, CheckpointError) else f"{shown(path)}: {e.strerror}"
+        print(f"slimming: the decoded-image cache is invalid and is being rebuilt: {reason}",
+              file=sys.stderr)
+        return None
 
 
 def decode_imagefolder(root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> dict:
     """Decode ``root/train/<class>/*`` and ``root/test/<class>/*`` once, cached in ``cache_dir``
     (default ``~/.cache/slimming/decoded``) under a key of the folder's path and its files'
-    names, sizes and mtimes: any change to the folder rebuilds the cache.
+    names, sizes and mtimes: any change to the folder rebuilds the cache. A cache is used only
+    after its checksum, shapes, classes and labels are verified; a cache file that cannot be
+    written (a folder in the way, a read-only disk) only costs decoding again next time.
 
     Returns ``{"classes": [...] (ImageFolder's order), "train_images": uint8 (N, 3, 32, 32),
     "train_labels": int64 (N,), "test_images": ..., "test_labels": ...}``.
     """
     root = Path(root)
-    train, test = _imagefolders(root)  # validates the layout; lists files as ImageFolder does
-    key = _listing_key(root, train.samples + test.samples)
+    classes, train, test = _list_imagefolder(root)
+    key = _listing_key(root, train + test)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_root().parent / "decoded"
-    path = cache_dir / f"imagefolder-{hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]}.pt"
-    blob = _read_cache(path, key)
+    path = cache_dir / f"imagefolder-{hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:16]}.pt"
+    blob = _read_cache(path, key, classes, {"train": _labels(train), "test": _labels(test)})
     if blob is not None:
         return blob
-    n = len(train.samples) + len(test.samples)
-    print(f"slimming: decoding {n:,} images of {root} once, cached in {path}", file=sys.stderr)
-    train_images, train_labels = _decode_all(train.samples, root / "train")
-    test_images, test_labels = _decode_all(test.samples, root / "test")
-    blob = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "key": key, "classes": train.classes,
+    start = time.perf_counter()
+    train_images, train_labels = _decode_all(train)
+    test_images, test_labels = _decode_all(test)
+    # said after the fact: a bad image found half-way is then the only line the user sees
+    print(f"slimming: decoded {len(train) + len(test):,} images of {shown(root)} in "
+          f"{time.perf_counter() - start:.1f} s, cached in {shown(path)}", file=sys.stderr)
+    blob = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "key": key, "classes": classes,
             "train_images": train_images, "train_labels": train_labels,
             "test_images": test_images, "test_labels": test_labels}
     from .checkpoint import save_checkpoint
 
     try:
         save_checkpoint(blob, path)
-    except OSError as e:  # a read-only or full cache folder: train anyway, decode again next time
-        print(f"slimming: cannot write the decoded-image cache {path}: {e}", file=sys.stderr)
+    except OSError as e:  # a read-only or full disk, a folder in the way: decode again next time
+        print(f"slimming: cannot write the decoded-image cache {shown(path)} "
+              f"({e.strerror or first_line(e)}); the next run decodes again", file=sys.stderr)
     return blob
 
 
@@ -400,20 +470,26 @@ def build_loaders(name: str, root: str | os.PathLike | None = None, batch_size: 
     ``pin_memory`` unused). ``loader="torchvision"``: Dataset + DataLoader with ``workers``
     processes; under DDP a DistributedSampler for training and a strided, unpadded test shard.
     Both kinds have ``set_epoch(epoch)`` and ``num_samples``; both shuffle from ``seed``, so a
-    seeded run sees the same batches.
+    seeded run sees the same batches. A ``batch_size`` above the number of samples gives one
+    batch of them all; a ``batch_size`` < 1 or ``workers`` < 0 (or not an integer) is a DataError.
     """
     if loader not in LOADERS:
         raise DataError(f"unknown loader {loader!r}; choose one of: {', '.join(LOADERS)}")
     _check_rank(rank, world_size)
+    batch_size, workers = _count("--batch-size", batch_size, 1), _count("--workers", workers, 0)
     seed = _pick_seed(seed, world_size)
     test_batch = max(256, batch_size)
+    # a batch larger than the set is the whole set: the same batches, and DataLoader's sampler
+    # cannot even take a batch size above sys.maxsize
     if loader == "fast":
         train_x, train_y, test_x, test_y, num_classes = load_images(name, root, download, cache_dir)
         mean, std = STATS.get(name, STATS["cifar10"])
         common = dict(mean=mean, std=std, seed=seed, device=device, rank=rank, world_size=world_size)
-        return (TensorLoader(train_x, train_y, batch_size, train=True, **common),
-                TensorLoader(test_x, test_y, test_batch, train=False, **common), num_classes)
+        return (TensorLoader(train_x, train_y, min(batch_size, len(train_y)), train=True, **common),
+                TensorLoader(test_x, test_y, min(test_batch, len(test_y)), train=False, **common),
+                num_classes)
     train, test, num_classes = build_datasets(name, root, download)
+    batch_size, test_batch = min(batch_size, len(train)), min(test_batch, len(test))
     g = torch.Generator().manual_seed(seed)
     common = dict(num_workers=workers, pin_memory=pin_memory, persistent_workers=workers > 0)
     if world_size > 1:
