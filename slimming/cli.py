@@ -1,38 +1,73 @@
 """Command line: ``slimming train | prune | finetune | eval | stats | sweep | export | report |
-pipeline``. Parses arguments (and ``--config`` files) and turns user mistakes into one line on
-stderr and exit code 2; ``commands.py`` does the work."""
+pipeline``. Parses arguments (and ``--config`` files), checks them against each other, and turns
+user mistakes (``SlimmingError``) into one line on stderr and exit code 2; ``commands.py`` does
+the work. Flags are grouped in ``--help`` (model, data, training, sparsity, output, device),
+each with its default."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
-from . import commands
-from .checkpoint import CheckpointError
-from .engine import AMP_DTYPES, TrainingError
+from . import __version__, commands
+from .errors import SlimmingError, TrainingError, first_line
+from .files import handle_signals
+
+ARCH_ALIASES = {"resnet": "preresnet"}  # the paper's name for its pre-activation ResNet
+CONFIG_MAX_BYTES = 64 * 1024
+CONFIG_MAX_DEPTH = 4
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" for every flag that has a real default (not None/False)."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, not usage + error
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _number(kind, low, low_ok: bool, what: str):
+def _number(kind, low, low_ok: bool, what: str, high: float = math.inf):
+    """An argparse type: a finite ``kind`` in [low, high) (low excluded unless ``low_ok``)."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < low or (value == low and not low_ok):
+        if (not math.isfinite(value) or value < low or (value == low and not low_ok)
+                or value >= high):
             raise argparse.ArgumentTypeError(f"{text} is not {what}")
         return value
     return parse
 
 
 positive_int = _number(int, 1, True, "a positive integer")
+count = _number(int, 0, True, ">= 0")
 positive_float = _number(float, 0.0, False, "positive")
 nonneg_float = _number(float, 0.0, True, ">= 0")
+fraction = _number(float, 0.0, True, "in [0, 1)", high=1.0)
+seed = _number(int, 0, True, "in [0, 2**63)", high=2**63)
+
+
+def arch_name(text: str) -> str:
+    import models
+
+    name = ARCH_ALIASES.get(text, text)
+    if name not in models.ARCHS:
+        raise argparse.ArgumentTypeError(f"unknown arch {text!r}; choose one of: "
+                                         f"{', '.join(sorted([*models.ARCHS, *ARCH_ALIASES]))}")
+    return name
 
 
 def parse_cfg(text: str) -> list:
@@ -42,83 +77,12 @@ def parse_cfg(text: str) -> list:
         tok = tok.strip()
         if tok.upper() == "M":
             out.append("M")
-        elif tok.isdigit() and int(tok) > 0:
+        elif tok.isdigit() and 0 < int(tok) <= 100_000:
             out.append(int(tok))
         else:
-            raise argparse.ArgumentTypeError(f"bad cfg entry {tok!r}: use positive widths and M")
+            raise argparse.ArgumentTypeError(f"bad cfg entry {tok[:20]!r}: use widths from 1 to "
+                                             "100000 and M")
     return out
-
-
-def add_device_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA is available")
-    p.add_argument("--device", default=None, help="torch device, e.g. cuda:1 (default: cuda if "
-                   "available, else cpu)")
-
-
-def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "cifar10") -> None:
-    from .data import DATASETS
-
-    p.add_argument("--dataset", default=dataset_default, choices=DATASETS)
-    p.add_argument("--data-root", type=Path, default=None,
-                   help="dataset folder (default: ~/.cache/slimming/data; for imagefolder a "
-                   "folder with train/<class>/* and test/<class>/*)")
-    p.add_argument("--download", action="store_true", help="download CIFAR if it is missing")
-    p.add_argument("--batch-size", type=positive_int, default=64, help="per process (default 64)")
-    p.add_argument("--loader", choices=("fast", "torchvision"), default="fast",
-                   help="fast: decoded images held in memory (on the GPU when training there), "
-                   "augmented a whole batch at a time; torchvision: Dataset + DataLoader")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader workers (torchvision loader)")
-
-
-def add_training_flags(p: argparse.ArgumentParser, epochs: int) -> None:
-    add_data_flags(p)
-    p.add_argument("--config", type=Path, metavar="FILE.yaml",
-                   help="YAML file whose keys are long flag names; command-line flags override it")
-    p.add_argument("--epochs", type=positive_int, default=epochs)
-    p.add_argument("--opt", choices=("sgd", "adamw"), default="sgd")
-    p.add_argument("--lr", type=positive_float, default=0.1)
-    p.add_argument("--momentum", type=_number(float, 0.0, True, ">= 0"), default=0.9)
-    p.add_argument("--nesterov", action="store_true")
-    p.add_argument("--weight-decay", type=nonneg_float, default=1e-4)
-    p.add_argument("--no-wd-bn", action="store_true", help="no weight decay on BN weights/biases")
-    p.add_argument("--sched", choices=("step", "cosine"), default="step",
-                   help="step: x0.1 at 50%% and 75%% of the epochs (the paper's); cosine")
-    p.add_argument("--warmup-epochs", type=_number(int, 0, True, ">= 0"), default=0)
-    p.add_argument("--label-smoothing", type=_number(float, 0.0, True, ">= 0"), default=0.0)
-    p.add_argument("--grad-clip", type=nonneg_float, default=0.0, metavar="NORM",
-                   help="clip the gradient norm (0 = off)")
-    p.add_argument("--sparsity", type=nonneg_float, default=0.0, metavar="S",
-                   help="L1 strength on BN gammas (0 = off; the paper uses 1e-4 for VGG)")
-    p.add_argument("--amp", action="store_true", help="mixed precision with torch.autocast")
-    p.add_argument("--amp-dtype", choices=tuple(AMP_DTYPES), default=None,
-                   help="default: float16 on CUDA (with GradScaler), bfloat16 on the CPU")
-    p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (CUDA only)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--deterministic", action="store_true",
-                   help="deterministic algorithms only (needs --seed): repeatable runs")
-    p.add_argument("--save", type=Path, required=True, metavar="DIR",
-                   help="folder for last.pth, best.pth and metrics.jsonl")
-    p.add_argument("--resume", default=None, metavar="PATH|auto",
-                   help="continue a run: a checkpoint, or auto = DIR/last.pth if it exists")
-    p.add_argument("--overwrite", action="store_true", help="replace a run already in --save")
-    add_device_flags(p)
-
-
-def add_arch_flags(p: argparse.ArgumentParser, default: str | None) -> None:
-    p.add_argument("--arch", default=default, help="nin, vgg, preresnet or densenet"
-                   + ("" if default else "; needed for checkpoints of the paper's own code"))
-    p.add_argument("--depth", type=int, default=None,
-                   help="VGG 11/13/16/19 (default 19), ResNet 9n+2, DenseNet 3n+4")
-
-
-def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
-    how = p.add_mutually_exclusive_group(required=required)
-    how.add_argument("--percent", type=float, help="fraction of prunable channels to remove, in [0, 1)")
-    how.add_argument("--threshold", type=float, help="remove channels with |gamma| <= T")
-    p.add_argument("--min-channels", type=positive_int, default=1,
-                   help="channels every layer keeps at least (default 1)")
 
 
 def input_size(text: str) -> tuple[int, ...]:
@@ -126,96 +90,256 @@ def input_size(text: str) -> tuple[int, ...]:
         size = tuple(int(v) for v in text.split(","))
     except ValueError:
         size = ()
-    if len(size) != 3 or min(size) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give C,H,W, e.g. 3,32,32")
+    if len(size) != 3 or min(size) < 1 or max(size) > 4096:
+        raise argparse.ArgumentTypeError(f"{text!r}: give C,H,W, each from 1 to 4096, e.g. 3,32,32")
     return size
+
+
+# --------------------------------------------------------------------------- flag groups
+
+def add_device_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("device")
+    g.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA is available")
+    g.add_argument("--device", default=None, help="torch device, e.g. cuda:1 (default: cuda "
+                   "if available, else cpu)")
+
+
+def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "cifar10") -> None:
+    from .data import DATASETS
+
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default=dataset_default, choices=DATASETS,
+                   help="the dataset" if dataset_default else
+                   "the dataset (default: what the checkpoint was trained on, else cifar10)")
+    g.add_argument("--data-root", type=Path, default=None,
+                   help="dataset folder (default: the checkpoint's when it says, else "
+                   "~/.cache/slimming/data; for imagefolder a folder with train/<class>/* and "
+                   "test/<class>/*)")
+    g.add_argument("--download", action="store_true", help="download CIFAR if it is missing")
+    g.add_argument("--batch-size", type=positive_int, default=64, help="images per step, per process")
+    g.add_argument("--loader", choices=("fast", "torchvision"), default="fast",
+                   help="fast: decoded images held in memory (on the GPU when training there), "
+                   "augmented a whole batch at a time; torchvision: Dataset + DataLoader")
+    g.add_argument("--workers", type=count, default=2, help="DataLoader workers (torchvision loader)")
+
+
+def add_model_flags(p: argparse.ArgumentParser, default: str | None, cfg: bool = False) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--arch", type=arch_name, default=default,
+                   help="nin, vgg, preresnet (or resnet) or densenet"
+                   + ("" if default else "; needed for checkpoints of the paper's own code"))
+    g.add_argument("--depth", type=positive_int, default=None,
+                   help="VGG 11/13/16/19 (default 19), ResNet 9n+2 (default 164), DenseNet 3n+4 "
+                   "(default 40)")
+    if cfg:
+        g.add_argument("--cfg", type=parse_cfg, default=None,
+                       help="custom widths, e.g. 16,M,32,M,64,64,M,128,128,M,128,128 (VGG: M = "
+                       "2x2 max-pool, four of them for 32x32 inputs; NIN: eight widths)")
+
+
+def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | None = "cifar10") -> None:
+    add_data_flags(p, dataset)
+    g = p.add_argument_group("training")
+    g.add_argument("--config", type=Path, metavar="FILE.yaml",
+                   help="YAML file whose keys are long flag names; command-line flags override it")
+    g.add_argument("--epochs", type=positive_int, default=epochs, help="epochs to train")
+    g.add_argument("--opt", choices=("sgd", "adamw"), default="sgd", help="optimizer")
+    g.add_argument("--lr", type=positive_float, default=0.1, help="base learning rate")
+    g.add_argument("--momentum", type=nonneg_float, default=0.9, help="SGD momentum")
+    g.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    g.add_argument("--weight-decay", type=nonneg_float, default=1e-4, help="L2 weight decay")
+    g.add_argument("--no-wd-bn", action="store_true", help="no weight decay on BN weights/biases")
+    g.add_argument("--sched", choices=("step", "cosine"), default="step",
+                   help="step: x0.1 at 50%% and 75%% of the epochs (the paper's); cosine")
+    g.add_argument("--warmup-epochs", type=count, default=0, help="linear warm-up epochs")
+    g.add_argument("--label-smoothing", type=fraction, default=0.0, help="in [0, 1)")
+    g.add_argument("--grad-clip", type=nonneg_float, default=0.0, metavar="NORM",
+                   help="clip the gradient norm (0 = off)")
+    g.add_argument("--amp", action="store_true", help="mixed precision with torch.autocast")
+    g.add_argument("--amp-dtype", choices=("float16", "bfloat16"), default=None,
+                   help="default: float16 on CUDA (with GradScaler), bfloat16 on the CPU")
+    g.add_argument("--channels-last", action="store_true", help="channels-last memory format")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (CUDA only)")
+    g.add_argument("--seed", type=seed, default=None, help="seed for a repeatable run")
+    g.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms only (needs --seed): repeatable runs")
+    g.add_argument("--resume", default=None, metavar="PATH|auto",
+                   help="continue a run: a checkpoint, or auto = DIR/last.pth if it exists")
+    g = p.add_argument_group("sparsity")
+    g.add_argument("--sparsity", type=nonneg_float, default=0.0, metavar="S",
+                   help="L1 strength on BN gammas (0 = off; the paper uses 1e-4 for VGG)")
+    g = p.add_argument_group("output")
+    g.add_argument("--save", type=Path, required=True, metavar="DIR",
+                   help="folder for last.pth, best.pth and metrics.jsonl")
+    g.add_argument("--overwrite", action="store_true", help="replace a run already in --save")
+    add_device_flags(p)
+
+
+def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
+    g = p.add_argument_group("sparsity")
+    how = g.add_mutually_exclusive_group(required=required)
+    how.add_argument("--percent", type=fraction,
+                     help="fraction of prunable channels to remove, in [0, 1)")
+    how.add_argument("--threshold", type=nonneg_float, help="remove channels with |gamma| <= T")
+    g.add_argument("--min-channels", type=positive_int, default=1,
+                   help="channels every layer keeps at least")
+
+
+def add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", type=Path, required=True, help="a slimming checkpoint (or the "
+                   "paper's, with --arch)")
+
+
+def add_repeats_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=_number(int, 0, True, "in [0, 10000]", high=10_001),
+                   default=10, help="timed runs per latency figure (0: no latency)")
 
 
 def build_parser() -> Parser:
     parser = Parser(prog="slimming", description="Network slimming for PyTorch: sparsity "
                     "training, channel pruning and fine-tuning.")
+    parser.add_argument("--version", action="version", version=f"slimming {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
-    add_arch_flags(p, "vgg")
-    p.add_argument("--cfg", type=parse_cfg, default=None,
-                   help="custom widths, e.g. 16,M,32,M,64,64,M,128,128,M,128,128")
+    add_model_flags(p, "vgg", cfg=True)
     add_training_flags(p, epochs=160)
     p.set_defaults(func=commands.cmd_train)
 
     p = sub.add_parser("prune", help="cut low-|gamma| channels of a checkpoint")
-    p.add_argument("--checkpoint", type=Path, required=True)
-    add_arch_flags(p, None)
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
     add_prune_flags(p, required=True)
-    p.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
+    g = p.add_argument_group("output")
+    g.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
+    add_device_flags(p)
     p.set_defaults(func=commands.cmd_prune)
 
     p = sub.add_parser("finetune", help="train a pruned checkpoint further (sparsity off)")
-    p.add_argument("--checkpoint", type=Path, required=True)
-    add_arch_flags(p, None)
-    add_training_flags(p, epochs=160)
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    add_training_flags(p, epochs=160, dataset=None)
     p.set_defaults(func=commands.cmd_finetune)
 
     p = sub.add_parser("eval", help="top-1 accuracy and loss of a checkpoint on a test split")
-    p.add_argument("--checkpoint", type=Path, required=True)
-    add_arch_flags(p, None)
-    add_data_flags(p)
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    add_data_flags(p, None)
     add_device_flags(p)
     p.set_defaults(func=commands.cmd_eval)
 
     p = sub.add_parser("stats", help="parameters, FLOPs, size and latency of a checkpoint")
-    p.add_argument("--checkpoint", type=Path, required=True)
+    add_checkpoint_flag(p)
     p.add_argument("--compare", type=Path, help="a second checkpoint, shown side by side")
-    add_arch_flags(p, None)
-    p.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W")
-    p.add_argument("--repeats", type=_number(int, 0, True, ">= 0"), default=10,
-                   help="timed runs per latency figure (0: no latency)")
+    add_model_flags(p, None)
+    p.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W",
+                   help="the input of one image")
+    add_repeats_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_device_flags(p)
     p.set_defaults(func=commands.cmd_stats)
 
     p = sub.add_parser("sweep", help="prune at many percents, evaluate each without fine-tuning")
-    p.add_argument("--checkpoint", type=Path, required=True)
-    add_arch_flags(p, None)
-    p.add_argument("--percents", default="0.1:0.9:0.1", help="start:stop:step or a comma list")
-    p.add_argument("--min-channels", type=positive_int, default=1)
-    p.add_argument("--save", type=Path, required=True, metavar="DIR",
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    g = p.add_argument_group("sparsity")
+    g.add_argument("--percents", default="0.1:0.9:0.1", help="start:stop:step or a comma list")
+    g.add_argument("--min-channels", type=positive_int, default=1,
+                   help="channels every layer keeps at least")
+    g = p.add_argument_group("output")
+    g.add_argument("--save", type=Path, required=True, metavar="DIR",
                    help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
-    add_data_flags(p)
+    add_data_flags(p, None)
     add_device_flags(p)
     p.set_defaults(func=commands.cmd_sweep)
 
     p = sub.add_parser("export", help="TorchScript, ONNX or torch.export file, checked against PyTorch")
-    p.add_argument("--checkpoint", type=Path, required=True)
-    add_arch_flags(p, None)
-    p.add_argument("--format", choices=("export", "torchscript", "onnx"), default="export",
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    g = p.add_argument_group("output")
+    g.add_argument("--format", choices=("export", "torchscript", "onnx"), default="export",
                    help="export: a torch.export program (.pt2), the path PyTorch recommends")
-    p.add_argument("--out", type=Path, required=True, metavar="FILE")
-    p.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W")
-    p.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    g.add_argument("--out", type=Path, required=True, metavar="FILE", help="the file to write")
+    g.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W",
+                   help="the input of one image")
+    g.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_device_flags(p)
     p.set_defaults(func=commands.cmd_export)
 
     p = sub.add_parser("report", help="Markdown + JSON report (and PNG pictures) of a run folder")
-    p.add_argument("--run", type=Path, required=True, metavar="DIR")
-    p.add_argument("--repeats", type=_number(int, 0, True, ">= 0"), default=10,
-                   help="timed runs per latency figure (0: no latency)")
+    p.add_argument("--run", type=Path, required=True, metavar="DIR", help="a pipeline's --save folder")
+    add_repeats_flag(p)
+    add_device_flags(p)
     p.set_defaults(func=commands.cmd_report)
 
     p = sub.add_parser("pipeline", help="sparsity training -> prune -> fine-tune -> report, resumable")
-    add_arch_flags(p, "vgg")
-    p.add_argument("--cfg", type=parse_cfg, default=None)
+    add_model_flags(p, "vgg", cfg=True)
     add_training_flags(p, epochs=160)
     add_prune_flags(p, required=True)
-    p.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")
-    p.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")
-    p.add_argument("--baseline", action="store_true",
+    g = p.add_argument_group("training")
+    g.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")
+    g.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")
+    g.add_argument("--baseline", action="store_true",
                    help="also train a no-sparsity baseline (baseline/) for the report")
-    p.add_argument("--repeats", type=_number(int, 0, True, ">= 0"), default=10,
-                   help="timed runs per latency figure in the report")
+    add_repeats_flag(p)
     p.set_defaults(func=commands.cmd_pipeline)
     return parser
+
+
+# --------------------------------------------------------------------------- config files
+
+def _config_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader without aliases (a config needs none, and ``*a`` repeated is the
+        "billion laughs" expansion) and with a nesting limit (a config is flat)."""
+
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases (*name) are not accepted in a config file")
+            self.depth += 1
+            try:
+                if self.depth > CONFIG_MAX_DEPTH:
+                    raise yaml.YAMLError(f"nested deeper than {CONFIG_MAX_DEPTH} levels")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return yaml, Loader
+
+
+def read_config(path: str) -> dict:
+    """A ``--config`` file as {key: scalar or flat list of scalars}; SlimmingError otherwise."""
+    yaml, Loader = _config_loader()
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        raise SlimmingError(f"--config {path}: cannot read it ({e.strerror})") from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise SlimmingError(f"--config {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB; a config "
+                            "holds a few flags")
+    try:
+        config = yaml.load(data.decode("utf-8"), Loader=Loader) or {}
+    except UnicodeDecodeError:
+        raise SlimmingError(f"--config {path}: not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        raise SlimmingError(f"--config {path}: cannot read it ({first_line(e)})") from None
+    if not isinstance(config, dict):
+        raise SlimmingError(f"--config {path}: expected a mapping of flag names to values")
+    scalar = (str, int, float, bool)
+    for key, value in config.items():
+        if not isinstance(key, str) or not (isinstance(value, scalar) or value is None or (
+                isinstance(value, list) and all(isinstance(v, scalar) for v in value))):
+            raise SlimmingError(f"--config {path}: key {str(key)[:40]!r} must map to a value or a "
+                                "flat list of values")
+    return config
 
 
 def expand_config(parser: Parser, argv: list[str]) -> list[str]:
@@ -231,22 +355,17 @@ def expand_config(parser: Parser, argv: list[str]) -> list[str]:
         break
     else:
         return argv
-    import yaml
-
     command = argv[0]
     sub = parser._subparsers._group_actions[0].choices.get(command)
     try:
-        with open(path) as f:
-            config = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError) as e:
-        parser.error(f"--config {path}: cannot read it ({str(e).splitlines()[0]})")
-    if not isinstance(config, dict):
-        parser.error(f"--config {path}: expected a mapping of flag names to values")
+        config = read_config(path)
+    except SlimmingError as e:
+        parser.error(str(e))
     tokens: list[str] = []
     for key, value in config.items():
         flag = "--" + str(key).replace("_", "-")
         if sub is None or flag not in sub._option_string_actions or flag == "--config":
-            parser.error(f"--config {path}: unknown key {key!r} for slimming {command}")
+            parser.error(f"--config {path}: unknown key {key[:40]!r} for slimming {command}")
         if value is True:
             tokens.append(flag)
         elif isinstance(value, list):
@@ -256,23 +375,55 @@ def expand_config(parser: Parser, argv: list[str]) -> list[str]:
     return [command, *tokens, *argv[1:]]
 
 
+# --------------------------------------------------------------------------- checks across flags
+
+def check_args(parser: Parser, args: argparse.Namespace) -> None:
+    """What no single flag's type can see: contradictions and flags that must fit each other."""
+    if hasattr(args, "cpu"):
+        try:
+            commands.device_for(args)
+        except SlimmingError as e:
+            parser.error(str(e))
+    if getattr(args, "cfg", None) is not None or (args.command in ("train", "pipeline")
+                                                   and args.depth is not None):
+        import models
+
+        options = {} if args.depth is None or args.cfg is not None else {"depth": args.depth}
+        try:
+            models.build(args.arch, cfg=args.cfg, empty=True, **options)
+        except ValueError as e:
+            flag = "--cfg" if args.cfg is not None else "--depth"
+            parser.error(f"{flag} does not fit --arch {args.arch}: {first_line(e)}")
+    if getattr(args, "amp_dtype", None) and not args.amp:
+        parser.error("--amp-dtype only applies with --amp; add --amp")
+    if getattr(args, "deterministic", False) and args.seed is None:
+        parser.error("--deterministic needs --seed N: a run is only repeatable from a seed")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(expand_config(parser, argv))
-    try:
-        args.func(args)
-    except (ValueError, CheckpointError) as e:  # DataError and CheckpointError are ValueErrors
-        print(f"slimming {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except TrainingError as e:
-        print(f"slimming {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:  # unwritable --save, full disk, ...
-        print(f"slimming {args.command}: error: {e.filename or ''}: {e.strerror or e}",
-              file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"slimming {args.command}: interrupted", file=sys.stderr)
-        return 130
+    check_args(parser, args)
+    commands.new_command()
+    name = f"slimming {args.command}"
+    with handle_signals():
+        try:
+            args.func(args)
+        except SlimmingError as e:  # the user's mistake: one line, no traceback
+            print(f"{name}: error: {e}", file=sys.stderr)
+            return 2
+        except TrainingError as e:
+            print(f"{name}: error: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:  # a full disk, a folder removed under the run, ...
+            print(f"{name}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted", file=sys.stderr)
+            return 130
+        except SystemExit as e:
+            if isinstance(e.code, int) and e.code > 128:  # a signal, raised by handle_signals
+                print(f"{name}: stopped by signal {e.code - 128}", file=sys.stderr)
+            raise
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,32 +22,11 @@ from tqdm import tqdm
 
 from .checkpoint import checkpoint_dict, save_checkpoint
 from .distributed import DistInfo, all_reduce_sum
+from .errors import SlimmingError, TrainingError  # noqa: F401 (TrainingError: re-exported)
+from .files import append_line
 from .sparsity import BNSparsity
 
-NO_CUDA_NOTICE = "slimming: no CUDA device found, running on the CPU"
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-
-
-class TrainingError(RuntimeError):
-    """The run cannot go on (for example a non-finite loss); one line meant for the user."""
-
-
-def resolve_device(device: str | None = None, cpu: bool = False,
-                   quiet: bool = False) -> torch.device:
-    """CUDA when present, else the CPU with a one-line notice (unless ``quiet``). ``cpu=True``
-    forces the CPU; asking for ``cuda`` where there is none is a ValueError."""
-    if cpu or device == "cpu":
-        return torch.device("cpu")
-    if device is not None:
-        dev = torch.device(device)
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: no CUDA device is available here; use --cpu")
-        return dev
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if not quiet:
-        print(NO_CUDA_NOTICE, file=sys.stderr)
-    return torch.device("cpu")
 
 
 def lr_milestones(epochs: int) -> list[int]:
@@ -71,7 +49,7 @@ def make_scheduler(optimizer: torch.optim.Optimizer, epochs: int, sched: str = "
                    warmup_epochs: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
     """Per-epoch schedule: ``step`` (x0.1 at 50% and 75%) or ``cosine``, after a linear warm-up."""
     if sched not in ("step", "cosine"):
-        raise ValueError(f"unknown schedule {sched!r}; choose step or cosine")
+        raise SlimmingError(f"unknown schedule {sched!r}; choose step or cosine")
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda e: lr_factor(e, epochs, sched, warmup_epochs))
 
@@ -94,7 +72,7 @@ def make_optimizer(model: nn.Module, opt: str = "sgd", lr: float = 0.1, momentum
                                nesterov=nesterov and momentum > 0)
     if opt == "adamw":
         return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
-    raise ValueError(f"unknown optimizer {opt!r}; choose sgd or adamw")
+    raise SlimmingError(f"unknown optimizer {opt!r}; choose sgd or adamw")
 
 
 def rng_state() -> dict[str, Any]:
@@ -113,9 +91,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 @torch.inference_mode()
 def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
-             channels_last: bool = False, show_progress: bool = True) -> dict[str, float]:
-    """Mean cross-entropy, top-1 accuracy (%) and image count of ``model`` over ``loader``,
-    summed over all ranks when distributed."""
+             channels_last: bool = False, show_progress: bool = True,
+             dist: DistInfo | None = None) -> dict[str, float]:
+    """Mean cross-entropy, top-1 accuracy (%) and image count of ``model`` over ``loader``;
+    with ``dist`` (a DDP run whose ranks each hold a shard), summed over all ranks."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, count
     for x, y in tqdm(loader, desc="test", leave=False, dynamic_ncols=True,
@@ -127,7 +106,9 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
         sums[0] += nn.functional.cross_entropy(out, y, reduction="sum")
         sums[1] += (out.argmax(1) == y).sum()
         sums[2] += len(y)
-    loss, correct, count = all_reduce_sum(sums).tolist()
+    if dist is not None and dist.enabled:
+        all_reduce_sum(sums)
+    loss, correct, count = sums.tolist()
     return {"loss": loss / max(count, 1), "acc": 100.0 * correct / max(count, 1), "count": int(count)}
 
 
@@ -231,7 +212,7 @@ class Trainer:
             train = self.train_one_epoch(train_loader, desc=f"epoch {epoch + 1}/{epochs}")
             self.scheduler.step()
             test = evaluate(self.model, test_loader, self.device, self.channels_last,
-                            self.dist.is_main)
+                            self.dist.is_main, self.dist)
             row = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"],
                    "train_acc": train["acc"], "test_loss": test["loss"], "test_acc": test["acc"],
                    "gamma_lt_1e-2": probe.fraction_below(1e-2), "amp_skipped": train["skipped"],
@@ -244,8 +225,7 @@ class Trainer:
                 save_checkpoint(ckpt, save_dir / "last.pth")
                 if is_best:
                     save_checkpoint(ckpt, save_dir / "best.pth")
-                with open(save_dir / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(row) + "\n")
+                append_line(save_dir / "metrics.jsonl", json.dumps(row))
                 skipped = f"  amp skipped {train['skipped']}" if self.scaler.is_enabled() else ""
                 log(f"epoch {epoch + 1}/{epochs}  lr {lr:.4g}  train loss {train['loss']:.4f}  "
                     f"test loss {test['loss']:.4f}  test acc {test['acc']:.2f}%  "

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from .errors import SlimmingError
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -48,20 +50,34 @@ def channel_masks(model: nn.Module, percent: float | None = None, threshold: flo
     |gamma| removed (None when none is). ``threshold=t`` removes every channel with |gamma| <= t.
     Then each layer that would keep fewer than ``min_channels`` keeps its ``min_channels``
     largest-|gamma| channels (or all, if it has fewer), so no layer is ever emptied.
+    Raises SlimmingError for arguments out of range and for gammas that are not finite.
     """
+    masks, threshold, _ = _masks(model, percent, threshold, min_channels)
+    return masks, threshold
+
+
+def _masks(model: nn.Module, percent: float | None, threshold: float | None,
+           min_channels: int) -> tuple[list[torch.Tensor], float | None, list[int]]:
+    """``channel_masks`` plus the indices of the layers the ``min_channels`` guard refilled."""
     if (percent is None) == (threshold is None):
-        raise ValueError("give exactly one of percent and threshold")
+        raise SlimmingError("give exactly one of percent and threshold")
     if percent is not None and not (0 <= percent < 1):
-        raise ValueError(f"percent must be in [0, 1), got {percent}")
-    if threshold is not None and not (threshold >= 0):
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
+        raise SlimmingError(f"percent must be in [0, 1), got {percent}")
+    if threshold is not None and not (0 <= threshold < math.inf):
+        raise SlimmingError(f"threshold must be >= 0 and finite, got {threshold}")
     if min_channels < 1:
-        raise ValueError(f"min_channels must be >= 1, got {min_channels}")
+        raise SlimmingError(f"min_channels must be >= 1, got {min_channels}")
     bns = prunable_bns(model)
-    if not bns:
-        raise ValueError("the model has no prunable BatchNorm2d layer: there is nothing to slim")
+    if not bns or any(bn.weight is None for bn in bns):
+        raise SlimmingError("the model has no prunable BatchNorm2d layer with a scale (affine=True): "
+                            "there is nothing to slim")
     gammas = [bn.weight.detach().abs().float().cpu() for bn in bns]
     allg = torch.cat(gammas)
+    if not torch.isfinite(allg).all():
+        bad = [i for i, g in enumerate(gammas) if not torch.isfinite(g).all()]
+        raise SlimmingError(f"{len(bad)} BatchNorm layer(s) have non-finite gammas (nan/inf), the "
+                            f"first is number {bad[0]} of {len(bns)}: the model diverged; prune a "
+                            "checkpoint from before (e.g. best.pth)")
     if percent is not None:
         k = math.floor(percent * allg.numel() + 1e-9)
         order = torch.argsort(allg, stable=True)
@@ -71,15 +87,17 @@ def channel_masks(model: nn.Module, percent: float | None = None, threshold: flo
     else:
         keep = allg > threshold
         if not keep.any():
-            raise ValueError(f"threshold {threshold:g} is at or above every |gamma| (the largest is "
-                             f"{allg.max().item():.4g}): it would prune every channel")
+            raise SlimmingError(f"threshold {threshold:g} is at or above every |gamma| (the largest "
+                                f"is {allg.max().item():.4g}): it would prune every channel")
     masks = list(keep.split([g.numel() for g in gammas]))
+    guarded = []
     for i, (g, m) in enumerate(zip(gammas, masks)):
         need = min(min_channels, g.numel())
         if int(m.sum()) < need:
             masks[i] = m.clone()
             masks[i][g.topk(need).indices] = True
-    return masks, threshold
+            guarded.append(i)
+    return masks, threshold, guarded
 
 
 def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -166,6 +184,7 @@ class PruneResult:
     cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d of the original, modules() order
     threshold: float | None  # largest |gamma| removed (percent) or the threshold given
     layer_names: list[str]  # the original's BatchNorm2d names, in cfg_mask order
+    guarded: list[str] = field(default_factory=list)  # BNs the min_channels guard refilled
 
     def layer_table(self) -> list[tuple[str, int, int]]:
         """(BN layer name, channels before, channels after) for every BatchNorm2d."""
@@ -185,13 +204,16 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     import models  # here, not at import time: the pruning core works on any Net-like model
 
     model = unwrap(model)
-    masks, threshold = channel_masks(model, percent, threshold, min_channels)
-    by_layer = {id(bn): m for bn, m in zip(prunable_bns(model), masks)}
+    masks, threshold, guarded = _masks(model, percent, threshold, min_channels)
+    prunable = prunable_bns(model)
+    by_layer = {id(bn): m for bn, m in zip(prunable, masks)}
     bns = [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
+    names = {id(bn): name for name, bn in bns}
     cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool))
                 for _, bn in bns]
     cfg = model.pruned_cfg([int(m.sum()) for m in masks])
     new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
     SURGERY.get(model.arch, copy_chain_weights)(model, new, cfg_mask)
     new.train(model.training)
-    return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns])
+    return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+                       [names.get(id(prunable[i]), str(i)) for i in guarded])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .errors import SlimmingError
 from .prune import prunable_bns
 
 
@@ -37,7 +38,7 @@ class BNSparsity:
 
     def __init__(self, model: nn.Module, strength: float):
         if strength < 0:
-            raise ValueError(f"sparsity strength must be >= 0, got {strength}")
+            raise SlimmingError(f"sparsity strength must be >= 0, got {strength}")
         self.strength = strength
         self.params = [bn.weight for bn in prunable_bns(model) if bn.weight is not None]
 

@@ -15,6 +15,28 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from .errors import SlimmingError, first_line
+
+
+def check_input_size(model: nn.Module, input_size: tuple[int, ...]) -> None:
+    """Raise SlimmingError unless one image of ``input_size`` (C, H, W) goes through ``model``
+    to (1, num_classes) logits. Checked on a meta-device copy of the architecture: shapes only,
+    so a wrong or huge size costs nothing before it is refused."""
+    import models
+
+    shown = ",".join(map(str, input_size))
+    meta = models.build(model.arch, cfg=model.cfg, empty=True, **model.options).eval()
+    try:
+        with torch.no_grad():
+            out = meta(torch.empty(1, *input_size, device="meta"))
+    except (RuntimeError, ValueError, IndexError) as e:
+        raise SlimmingError(f"--input-size {shown} does not fit this {model.arch} "
+                            f"({first_line(e, 120)}); it takes 3,32,32") from None
+    want = (1, model.options.get("num_classes"))
+    if tuple(out.shape) != want:
+        raise SlimmingError(f"--input-size {shown} gives outputs of shape {tuple(out.shape)}, not "
+                            f"{want}: this {model.arch} takes 3,32,32")
+
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -104,7 +104,7 @@ def test_nin_trains_from_the_command_line(tmp_path, capsys):
     (["prune", "--checkpoint", "{ckpt}", "--save", "{tmp}/o"], "--percent"),
     (["prune", "--checkpoint", "{junk}", "--percent", "0.5", "--save", "{tmp}/o"], "corrupt"),
     (["prune", "--checkpoint", "{ckpt}", "--percent", "0.5", "--save", "{junk}/o"], "is a file"),
-    (["train", "--arch", "resnet", "--save", "{tmp}/t", "--dataset", "synthetic"], "unknown arch"),
+    (["train", "--arch", "alexnet", "--save", "{tmp}/t", "--dataset", "synthetic"], "unknown arch"),
     (["train", "--arch", "vgg", "--cfg", "8,X", "--save", "{tmp}/t"], "cfg"),
     (["train", "--epochs", "0", "--save", "{tmp}/t"], "positive integer"),
     (["train", "--lr", "-1", "--save", "{tmp}/t"], "positive"),
@@ -196,3 +196,98 @@ def test_paper_checkpoint_from_the_command_line(tmp_path, capsys):
     assert code == 0 and 10 <= sum(widths) < 20 and min(widths) >= 1  # half cut, guard kept 1+
     code, out, _ = run(capsys, "eval", "--checkpoint", paper, "--arch", "vgg", *DATA)
     assert code == 0 and "top-1 accuracy" in out
+
+
+def test_version_and_grouped_help_with_defaults(capsys):
+    import slimming
+    from slimming.cli import build_parser
+
+    assert run(capsys, "--version")[1].strip() == f"slimming {slimming.__version__}"
+    parser = build_parser()
+    for name, sub in parser._subparsers._group_actions[0].choices.items():
+        text = sub.format_help()
+        assert {"device:"} <= {line.strip() for line in text.splitlines()}, name  # every command
+        assert sub.get_default("cpu") is False and "--device DEVICE" in text
+        for action in sub._actions:  # every flag says what it is, and its real default
+            assert action.help, (name, action.dest)
+            if action.default not in (None, False, "==SUPPRESS==") and action.option_strings:
+                assert "(default:" in sub._get_formatter()._format_action(action) or \
+                    "default" in action.help, (name, action.dest)
+    train = parser._subparsers._group_actions[0].choices["train"].format_help()
+    for group in ("model:", "data:", "training:", "sparsity:", "output:", "device:"):
+        assert f"\n{group}\n" in train
+    assert "--lr LR" in train and "(default: 0.1)" in train
+
+
+def test_prune_gives_the_same_file_whatever_the_device_flags(sparse_run, tmp_path, capsys):
+    files = []
+    for flags in (["--cpu"], ["--device", "cpu"], []):
+        code, _, err = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5",
+                           "--save", tmp_path, "--overwrite", *flags)
+        assert code == 0, err
+        files.append((tmp_path / "pruned.pth").read_bytes())
+        if not flags and not torch.cuda.is_available():
+            assert err.count("no CUDA device found") == 1  # said once, only when not chosen
+    assert files[0] == files[1] == files[2]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prune_rebuilds_on_cuda_and_saves_the_cpu_file(sparse_run, tmp_path, capsys, monkeypatch):
+    import slimming.commands as commands
+
+    seen = {}
+    real = commands.prune
+
+    def spy(model, **kw):
+        result = real(model, **kw)
+        seen["device"] = next(result.model.parameters()).device.type
+        return result
+
+    monkeypatch.setattr(commands, "prune", spy)
+    assert run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5", "--save",
+               tmp_path / "gpu")[0] == 0
+    assert seen["device"] == "cuda"
+    assert run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5", "--save",
+               tmp_path / "cpu", "--cpu")[0] == 0
+    gpu, cpu = (load_model(tmp_path / d / "pruned.pth").state_dict() for d in ("gpu", "cpu"))
+    assert all(torch.equal(gpu[k], cpu[k]) for k in cpu)
+
+
+def test_eval_and_sweep_default_to_the_data_the_checkpoint_was_trained_on(sparse_run, tmp_path, capsys):
+    code, out, err = run(capsys, "eval", "--checkpoint", sparse_run / "best.pth", "--cpu")
+    assert code == 0 and "test images of synthetic" in out, err
+    code, _, _ = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.3",
+                     "--save", tmp_path / "p")
+    code, out, err = run(capsys, "eval", "--checkpoint", tmp_path / "p" / "pruned.pth", "--cpu")
+    assert code == 0 and "test images of synthetic" in out, err  # carried through prune
+    code, out, err = run(capsys, "sweep", "--checkpoint", sparse_run / "best.pth", "--percents", "0.5",
+                         "--save", tmp_path / "s", "--cpu")
+    assert code == 0, err
+    code, _, err = run(capsys, "eval", "--checkpoint", sparse_run / "best.pth", "--dataset", "cifar10",
+                       "--data-root", tmp_path / "none", "--cpu")
+    assert code == 2 and "cifar10 not found" in err  # a flag given still wins
+
+
+def test_prune_warns_of_the_guard_and_of_a_model_without_sparsity(tmp_path, capsys):
+    import models
+    from slimming import checkpoint_dict, save_checkpoint
+
+    model = models.build("vgg", cfg=[4, "M", 4, "M", 4, "M", 4, "M", 8])
+    with torch.no_grad():
+        for i, bn in enumerate(model.prunable_bns()):  # no sparsity; the first layer smallest
+            bn.weight.fill_(0.5 + i)
+    save_checkpoint(checkpoint_dict(model), tmp_path / "dense.pth")
+    code, _, err = run(capsys, "prune", "--checkpoint", tmp_path / "dense.pth", "--percent", "0.3",
+                       "--save", tmp_path / "p", "--cpu")
+    lines = err.strip().splitlines()
+    assert code == 0 and len(lines) == 2, err
+    assert "feature.1" in lines[0] and "--min-channels guard" in lines[0]
+    assert "0.0% of prunable |gamma| are under 0.01" in lines[1] and "--sparsity" in lines[1]
+    with torch.no_grad():
+        for bn in model.prunable_bns():
+            bn.weight[: bn.num_features // 2] = 1e-4  # sparsity-trained: half the channels near 0
+    save_checkpoint(checkpoint_dict(model), tmp_path / "sparse.pth")
+    code, _, err = run(capsys, "prune", "--checkpoint", tmp_path / "sparse.pth", "--percent", "0.5",
+                       "--save", tmp_path / "q", "--cpu")
+    assert code == 0 and err == "", err  # nothing to warn about

@@ -128,4 +128,8 @@ def test_label_smoothing_reaches_the_loss():
     model = models.build("vgg", cfg=TINY_VGG)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = Trainer(model, opt, make_scheduler(opt, 1), torch.device("cpu"), label_smoothing=0.2)
-    assert trainer.criterion.label_smoothing == 0.2
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(10, (8,))
+    loss, out, _ = trainer.step(x, y)  # out: the logits the loss was computed from
+    smoothed = torch.nn.functional.cross_entropy(out, y, label_smoothing=0.2)
+    assert torch.allclose(loss, smoothed)
+    assert not torch.allclose(loss, torch.nn.functional.cross_entropy(out, y))

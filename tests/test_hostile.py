@@ -1,0 +1,416 @@
+"""The table of hostile and mistaken inputs, across every command.
+
+Every case must give exit code 2, exactly one line on stderr that names the problem, no
+traceback, no file changed (the input folder byte-identical, no output created), in under 30 s
+and within 1.5 GiB of data memory. The cases run in one child process (one torch import for
+all) under ``RLIMIT_DATA`` = 1.5 GiB, each with a 30 s alarm; a case that allocates past the
+limit or hangs fails with the reason. The inputs are classes, not single cases: every hostile
+checkpoint goes through ``prune``, and the commands share the loader.
+"""
+
+import functools
+import json
+import os
+import random
+import resource
+import struct
+import subprocess
+import sys
+import textwrap
+import zipfile
+import zlib
+
+import pytest
+import torch
+from conftest import randomize_bn
+
+import models
+from slimming import checkpoint_dict, save_checkpoint
+from slimming.safeload import checksum
+
+TINY = [8, "M", 16, "M", 16, "M", 16, "M", 16]
+SYN = ["--dataset", "synthetic", "--cpu"]
+MEMORY = int(1.5 * 2**30)
+
+
+class Evil:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def forged(d, name: str, edit, arch: str = "vgg", **options) -> None:
+    """A checkpoint of a small network with ``edit`` applied and its checksum made to match:
+    what a careful attacker (or a hand-edit plus a recomputed checksum) produces."""
+    model = models.build(arch, cfg=TINY if arch == "vgg" else None, **options)
+    ckpt = checkpoint_dict(model, acc=10.0, epoch=1)
+    edit(ckpt)
+    ckpt["checksum"] = checksum(ckpt)
+    torch.save(ckpt, d / name)
+
+
+def raw(d, name: str, obj) -> None:
+    torch.save(obj, d / name)
+
+
+def zip_bomb(d) -> None:
+    """A real checkpoint re-zipped with deflate: 64 MiB of zeros in a few hundred KiB."""
+    torch.save({"arch": "vgg", "state_dict": {"w": torch.zeros(16 * 2**20)}}, d / "big.tmp")
+    with zipfile.ZipFile(d / "big.tmp") as z, zipfile.ZipFile(d / "zipbomb.pth", "w",
+                                                             zipfile.ZIP_DEFLATED) as out:
+        for info in z.infolist():
+            out.writestr(info.filename, z.read(info.filename))
+    (d / "big.tmp").unlink()
+
+
+def png_header_bomb() -> bytes:
+    """A PNG whose header claims 60000x60000 RGB pixels (10 GB decoded) in ~100 bytes."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 60000, 60000, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 100)) + chunk(b"IEND", b""))
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """Every hostile or mistaken input, built once; the cases only read it."""
+    d = tmp_path_factory.mktemp("zoo")
+    model = models.build("vgg", cfg=TINY)
+    randomize_bn(model, torch.Generator().manual_seed(0))
+    save_checkpoint(checkpoint_dict(model, acc=10.0, epoch=1, optimizer={}), d / "good.pth")
+    from slimming import prune
+
+    pruned = prune(model, percent=0.5)
+    save_checkpoint(checkpoint_dict(pruned.model, cfg_mask=pruned.cfg_mask), d / "pruned.pth")
+    data = (d / "good.pth").read_bytes()
+    (d / "empty.pth").write_bytes(b"")
+    (d / "truncated.pth").write_bytes(data[: len(data) // 3])
+    (d / "random.pth").write_bytes(random.Random(0).randbytes(4096))
+    raw(d, "evil.pth", {"arch": "vgg", "state_dict": {}, "x": Evil(d / "pwned")})
+    raw(d, "noarch.pth", {"state_dict": model.state_dict()})
+    raw(d, "notdict.pth", [1, 2, 3])
+    zip_bomb(d)
+    os.symlink("/dev/zero", d / "devzero.pth")
+    os.mkfifo(d / "fifo.pth")
+    flipped = torch.load(d / "good.pth", weights_only=True)
+    flipped["state_dict"]["feature.0.weight"][0, 0, 0, 0] += 1.0
+    raw(d, "flipped.pth", flipped)
+
+    def put(key, value):
+        return lambda c: c.__setitem__(key, value)
+
+    def weight(value):
+        return lambda c: c["state_dict"].__setitem__("feature.0.weight", value)
+
+    def nested(depth):
+        return functools.reduce(lambda a, _: [a], range(depth), 0)
+
+    def laughs():
+        tree = [0]
+        for _ in range(6):
+            tree = [tree] * 1000  # 10^18 nodes by reference, 70 KB pickled
+        return tree
+
+    raw(d, "expanded.pth", {"arch": "vgg", "state_dict": {"w": torch.zeros(1).expand(10**9)}})
+    raw(d, "laughs.pth", {"arch": "vgg", "state_dict": {}, "x": laughs()})
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # pickling is recursive; torch's weights_only unpickling is not
+    try:
+        raw(d, "deep.pth", {"arch": "vgg", "state_dict": {}, "x": nested(5000)})
+    finally:
+        sys.setrecursionlimit(limit)
+    raw(d, "bigint.pth", {"arch": "vgg", "state_dict": {}, "x": 2**4000})
+    raw(d, "sparse.pth", {"arch": "vgg", "state_dict": {"w": torch.sparse_coo_tensor(
+        torch.zeros(4, 0, dtype=torch.long), torch.zeros(0), (8, 3, 3, 3))}})
+    forged(d, "complex.pth", weight(torch.zeros(8, 3, 3, 3, dtype=torch.complex64)))
+    forged(d, "intweight.pth", weight(torch.zeros(8, 3, 3, 3, dtype=torch.int64)))
+    forged(d, "shape.pth", weight(torch.zeros(8, 5, 3, 3)))
+    forged(d, "nontensor.pth", weight([1.0, 2.0]))
+    forged(d, "nangamma.pth", lambda c: c["state_dict"]["feature.1.weight"].fill_(float("nan")))
+    forged(d, "optslist.pth", put("options", [19, 10]))
+    forged(d, "classes0.pth", lambda c: c["options"].__setitem__("num_classes", 0))
+    forged(d, "classesbig.pth", lambda c: c["options"].__setitem__("num_classes", 10**9))
+    forged(d, "optbool.pth", lambda c: c["options"].__setitem__("depth", True))
+    forged(d, "optunknown.pth", lambda c: c["options"].__setitem__("width", 4))
+    forged(d, "format.pth", put("format", "keras"))
+    forged(d, "otherarch.pth", put("arch", "nin"))
+    forged(d, "version.pth", put("version", 99))
+    forged(d, "cfgint.pth", put("cfg", 7))
+    forged(d, "cfghuge.pth", put("cfg", [10**6, "M", 16, "M", 16, "M", 16, "M", 16]))
+    forged(d, "cfgmasks.pth", put("cfg_mask", [1, 2, 3]))
+    forged(d, "archint.pth", put("arch", 3))
+    forged(d, "archunknown.pth", put("arch", "alexnet"))
+    forged(d, "epochneg.pth", put("epoch", -1))
+    forged(d, "accstr.pth", put("acc", "high"))
+    forged(d, "resdepth.pth", lambda c: c["options"].__setitem__("depth", 9 * 10**6 + 2),
+           arch="preresnet", depth=11)
+    forged(d, "selectoob.pth", lambda c: c["state_dict"]["layer1.0.select.index"].add_(1000),
+           arch="preresnet", depth=11)
+    forged(d, "selectdup.pth", lambda c: c["state_dict"]["layer2.0.select.index"].zero_(),
+           arch="preresnet", depth=11)
+    paper = {"state_dict": model.state_dict(), "cfg": 5, "epoch": None}
+    raw(d, "papercfg.pth", paper)
+    (d / "afile").write_text("I am a file")
+    (d / "nolayout").mkdir()
+    for split in ("train", "test"):
+        (d / "emptyclass" / split / "cat").mkdir(parents=True)
+        (d / "bomb" / split / "cat").mkdir(parents=True)
+        (d / "bomb" / split / "cat" / "x.png").write_bytes(png_header_bomb())
+    (d / "notutf8.yaml").write_bytes(b"epochs: \xff\xfe\n")
+    (d / "deep.yaml").write_text("cfg: " + "[" * 2000 + "]" * 2000 + "\n")
+    (d / "alias.yaml").write_text("a: &a [1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a]\n"
+                                  "c: &c [*b,*b,*b,*b,*b,*b,*b,*b]\ncfg: [*c,*c,*c,*c,*c,*c,*c,*c]\n")
+    (d / "unknown.yaml").write_text("epochs: 1\nlearnig_rate: 0.1\n")
+    (d / "big.yaml").write_text("# padding\n" * 10000)
+    (d / "list.yaml").write_text("- epochs\n- 1\n")
+    (d / "dictvalue.yaml").write_text("lr: {a: 1}\n")
+    run = d / "run"
+    (run / "pruned").mkdir(parents=True)
+    (run / "pruned" / "pruned.pth").write_bytes(b"not a checkpoint")
+    (run / "pruned" / "eval.json").write_text("{")
+    return d
+
+
+# (id, argv; {f} = the zoo, {o} = an output path that must not come to exist, needle in the line)
+CHECKPOINTS = [
+    ("missing", "no such file"), ("empty", "corrupt"), ("truncated", "corrupt"),
+    ("random", "corrupt"), ("evil", "refused"), ("noarch", "--arch"), ("notdict", "state_dict"),
+    ("zipbomb", "compressed"), ("devzero", "not a regular file"), ("fifo", "not a regular file"),
+    ("flipped", "checksum"), ("expanded", "expanded"), ("laughs", "exponential"),
+    ("deep", "nested deeper"), ("bigint", "Unsupported operand"), ("sparse", "sparse"),
+    ("complex", "complex"), ("intweight", "int64"), ("shape", "do not fit"),
+    ("nontensor", "other than named tensors"), ("nangamma", "non-finite"),
+    ("optslist", "options"), ("classes0", "positive integer"), ("classesbig", "declares 1000000000"),
+    ("optbool", "positive integer"), ("optunknown", "width"), ("format", "not a slimming"),
+    ("version", "newer slimming"), ("cfgint", "'cfg'"), ("cfghuge", "declares cfg"),
+    ("cfgmasks", "cfg_mask"), ("archint", "'arch'"), ("archunknown", "'arch'"),
+    ("epochneg", "'epoch'"), ("accstr", "'acc'"), ("resdepth", "depth"),
+    ("selectoob", "select.index"), ("selectdup", "select.index"),
+]
+CASES = [(f"prune-{name}", ["prune", "--checkpoint", f"{{f}}/{name}.pth", "--percent", "0.5",
+                            "--save", "{o}", "--cpu"], needle) for name, needle in CHECKPOINTS]
+CASES += [
+    ("prune-papercfg", ["prune", "--checkpoint", "{f}/papercfg.pth", "--arch", "vgg", "--percent",
+                        "0.5", "--save", "{o}"], "'cfg'"),
+    ("prune-arch-mismatch", ["prune", "--checkpoint", "{f}/good.pth", "--arch", "nin", "--percent",
+                             "0.5", "--save", "{o}"], "not 'nin'"),
+    ("prune-otherarch", ["prune", "--checkpoint", "{f}/otherarch.pth", "--percent", "0.5", "--save",
+                         "{o}"], "do not fit"),
+    ("prune-both-ways", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--threshold",
+                         "0.1", "--save", "{o}"], "not allowed with"),
+    ("prune-directory", ["prune", "--checkpoint", "{f}", "--percent", "0.5", "--save", "{o}"], "directory"),
+    ("prune-percent-1", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "1", "--save", "{o}"],
+     "[0, 1)"),
+    ("prune-percent-nan", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "nan", "--save", "{o}"],
+     "[0, 1)"),
+    ("prune-threshold-inf", ["prune", "--checkpoint", "{f}/good.pth", "--threshold", "inf", "--save",
+                             "{o}"], ">= 0"),
+    ("prune-threshold-all", ["prune", "--checkpoint", "{f}/good.pth", "--threshold", "50", "--save",
+                             "{o}", "--cpu"], "every"),
+    ("prune-threshold-none", ["prune", "--checkpoint", "{f}/good.pth", "--threshold", "0", "--save",
+                              "{o}", "--cpu"], "prunes no channel"),
+    ("prune-min-channels-0", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5",
+                              "--min-channels", "0", "--save", "{o}"], "positive integer"),
+    ("prune-exists", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--save", "{f}"],
+     None),  # {f}/pruned.pth is there: filled in below
+    ("prune-save-is-file", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--save",
+                            "{f}/afile/x"], "is a file"),
+    ("prune-save-proc", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--save",
+                         "/proc/x"], "cannot write in /proc"),
+    ("prune-device-bogus", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--save",
+                            "{o}", "--device", "bogus"], "not a device"),
+    ("prune-cpu-and-cuda", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--save",
+                            "{o}", "--cpu", "--device", "cuda"], "contradict"),
+    ("prune-device-mps", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--save",
+                          "{o}", "--device", "mps"], "cpu or cuda"),
+    ("eval-device-cuda", ["eval", "--checkpoint", "{f}/good.pth", "--device", "cuda:0",
+                          "--dataset", "synthetic"], "no CUDA device"),
+    ("eval-evil", ["eval", "--checkpoint", "{f}/evil.pth", *SYN], "refused"),
+    ("eval-zipbomb", ["eval", "--checkpoint", "{f}/zipbomb.pth", *SYN], "compressed"),
+    ("eval-imagefolder-no-root", ["eval", "--checkpoint", "{f}/good.pth", "--dataset", "imagefolder",
+                                  "--cpu"], "--data-root"),
+    ("stats-expanded", ["stats", "--checkpoint", "{f}/expanded.pth", "--cpu"], "expanded"),
+    ("stats-compare-laughs", ["stats", "--checkpoint", "{f}/good.pth", "--compare", "{f}/laughs.pth",
+                              "--cpu"], "exponential"),
+    ("stats-input-small", ["stats", "--checkpoint", "{f}/good.pth", "--input-size", "3,8,8", "--cpu"],
+     "does not fit"),
+    ("stats-input-wide", ["stats", "--checkpoint", "{f}/good.pth", "--input-size", "3,4096,4096",
+                          "--cpu"], "does not fit"),
+    ("stats-input-huge", ["stats", "--checkpoint", "{f}/good.pth", "--input-size", "3,100000,5",
+                          "--cpu"], "C,H,W"),
+    ("stats-input-2d", ["stats", "--checkpoint", "{f}/good.pth", "--input-size", "3,32", "--cpu"], "C,H,W"),
+    ("stats-repeats-neg", ["stats", "--checkpoint", "{f}/good.pth", "--repeats", "-1"], "[0, 10000]"),
+    ("export-input-small", ["export", "--checkpoint", "{f}/good.pth", "--input-size", "3,16,16",
+                            "--out", "{o}.pt2", "--cpu"], "does not fit"),
+    ("export-not-pt2", ["export", "--checkpoint", "{f}/good.pth", "--out", "{o}.bin", "--cpu"], ".pt2"),
+    ("export-exists", ["export", "--checkpoint", "{f}/good.pth", "--out", "{f}/good.pth", "--format",
+                       "torchscript", "--cpu"], "already exists"),
+    ("export-atol-nan", ["export", "--checkpoint", "{f}/good.pth", "--out", "{o}.pt2", "--atol", "nan"],
+     "positive"),
+    ("export-cfghuge", ["export", "--checkpoint", "{f}/cfghuge.pth", "--out", "{o}.pt2", "--cpu"],
+     "declares cfg"),
+    ("finetune-version", ["finetune", "--checkpoint", "{f}/version.pth", "--save", "{o}", *SYN],
+     "newer slimming"),
+    ("finetune-config-list", ["finetune", "--checkpoint", "{f}/good.pth", "--save", "{o}", "--dataset",
+                          "synthetic", "--cpu", "--config", "{f}/list.yaml"], "mapping"),
+    ("train-resume-pruned", ["train", "--resume", "{f}/pruned.pth", "--save", "{o}", *SYN],
+     "finetune --checkpoint"),
+    ("train-resume-missing", ["train", "--resume", "{f}/missing.pth", "--save", "{o}", *SYN], "no such file"),
+    ("train-lr-nan", ["train", "--lr", "nan", "--save", "{o}", *SYN], "positive"),
+    ("train-lr-inf", ["train", "--lr", "inf", "--save", "{o}", *SYN], "positive"),
+    ("train-momentum-nan", ["train", "--momentum", "nan", "--save", "{o}", *SYN], ">= 0"),
+    ("train-label-smoothing-1", ["train", "--label-smoothing", "1", "--save", "{o}", *SYN], "[0, 1)"),
+    ("train-label-smoothing-neg", ["train", "--label-smoothing", "-0.1", "--save", "{o}", *SYN], "[0, 1)"),
+    ("train-seed-huge", ["train", "--seed", str(2**70), "--save", "{o}", *SYN], "2**63"),
+    ("train-seed-neg", ["train", "--seed", "-1", "--save", "{o}", *SYN], "2**63"),
+    ("train-epochs-0", ["train", "--epochs", "0", "--save", "{o}", *SYN], "positive integer"),
+    ("train-batch-0", ["train", "--batch-size", "0", "--save", "{o}", *SYN], "positive integer"),
+    ("train-workers-neg", ["train", "--workers", "-2", "--save", "{o}", *SYN], ">= 0"),
+    ("train-warmup-neg", ["train", "--warmup-epochs", "-1", "--save", "{o}", *SYN], ">= 0"),
+    ("train-cfg-three-pools", ["train", "--cfg", "8,M,8,M,8,M,8", "--save", "{o}", *SYN], "four 'M'"),
+    ("train-cfg-five-pools", ["train", "--cfg", "8,M,8,M,8,M,8,M,8,M,8", "--save", "{o}", *SYN],
+     "four 'M'"),
+    ("train-cfg-junk", ["train", "--cfg", "8,X", "--save", "{o}", *SYN], "bad cfg entry"),
+    ("train-cfg-huge-width", ["train", "--cfg", "8,M,8,M,8,M,8,M,99999999", "--save", "{o}", *SYN],
+     "bad cfg entry"),
+    ("train-cfg-nin", ["train", "--arch", "nin", "--cfg", "8,8,8", "--save", "{o}", *SYN], "eight"),
+    ("train-depth-vgg", ["train", "--depth", "12", "--save", "{o}", *SYN], "depth"),
+    ("train-depth-resnet-huge", ["train", "--arch", "resnet", "--depth", str(9 * 10**8 + 2), "--save",
+                                 "{o}", *SYN], "depth"),
+    ("train-arch", ["train", "--arch", "alexnet", "--save", "{o}", *SYN], "unknown arch"),
+    ("train-amp-dtype", ["train", "--amp-dtype", "bfloat16", "--save", "{o}", *SYN], "--amp"),
+    ("train-deterministic", ["train", "--deterministic", "--save", "{o}", *SYN], "--seed"),
+    ("train-save-is-file", ["train", "--save", "{f}/afile", *SYN], "is a file"),
+    ("train-dataset", ["train", "--dataset", "imagenet", "--save", "{o}"], "invalid choice"),
+    ("train-no-layout", ["train", "--dataset", "imagefolder", "--data-root", "{f}/nolayout", "--save",
+                         "{o}", "--cpu"], "train"),
+    ("train-empty-class", ["train", "--dataset", "imagefolder", "--data-root", "{f}/emptyclass",
+                           "--save", "{o}", "--cpu"], "cat"),
+    ("train-png-header-bomb", ["train", "--dataset", "imagefolder", "--data-root", "{f}/bomb",
+                               "--save", "{o}", "--cpu"], "32x32"),
+    ("train-png-header-bomb-torchvision", ["train", "--dataset", "imagefolder", "--data-root",
+                                           "{f}/bomb", "--loader", "torchvision", "--save", "{o}",
+                                           "--cpu"], "32x32"),
+    ("train-config-not-utf8", ["train", "--config", "{f}/notutf8.yaml", "--save", "{o}", *SYN], "UTF-8"),
+    ("train-config-deep", ["train", "--config", "{f}/deep.yaml", "--save", "{o}", *SYN], "nested"),
+    ("train-config-alias", ["train", "--config", "{f}/alias.yaml", "--save", "{o}", *SYN], "aliases"),
+    ("train-config-unknown", ["train", "--config", "{f}/unknown.yaml", "--save", "{o}", *SYN],
+     "unknown key"),
+    ("train-config-big", ["train", "--config", "{f}/big.yaml", "--save", "{o}", *SYN], "KiB"),
+    ("train-config-dict-value", ["train", "--config", "{f}/dictvalue.yaml", "--save", "{o}", *SYN],
+     "flat list"),
+    ("train-config-missing", ["train", "--config", "{f}/missing.yaml", "--save", "{o}", *SYN],
+     "cannot read"),
+    ("sweep-percents-junk", ["sweep", "--checkpoint", "{f}/good.pth", "--percents", "a:b:c", "--save",
+                             "{o}", *SYN], "--percents"),
+    ("sweep-percents-many", ["sweep", "--checkpoint", "{f}/good.pth", "--percents", "0:0.99:1e-9",
+                             "--save", "{o}", *SYN], "--percents"),
+    ("sweep-percents-nan", ["sweep", "--checkpoint", "{f}/good.pth", "--percents", "nan,0.5", "--save",
+                            "{o}", *SYN], "--percents"),
+    ("sweep-format", ["sweep", "--checkpoint", "{f}/format.pth", "--save", "{o}", *SYN],
+     "not a slimming"),
+    ("report-missing", ["report", "--run", "{f}/missing"], "no such run folder"),
+    ("report-hand-edited", ["report", "--run", "{f}/run", "--cpu"], "pruned.pth"),
+    ("pipeline-no-percent", ["pipeline", "--save", "{o}", *SYN], "--percent"),
+    ("pipeline-cfg", ["pipeline", "--cfg", "8,M,8", "--percent", "0.5", "--save", "{o}", *SYN],
+     "four 'M'"),
+    ("pipeline-save-is-file", ["pipeline", "--percent", "0.5", "--save", "{f}/afile", *SYN], "is a file"),
+]
+CASES = [(i, a, "already exists" if i == "prune-exists" else n) for i, a, n in CASES]
+
+RUNNER = textwrap.dedent("""
+    import contextlib, hashlib, io, json, os, resource, signal, sys, time
+    from pathlib import Path
+    from slimming.cli import main
+
+    zoo, out_root, cases_file, results_file = map(Path, sys.argv[1:5])
+
+    def snapshot():
+        found = {}
+        for dirpath, dirnames, filenames in os.walk(zoo):  # does not follow links
+            for name in dirnames + filenames:
+                p = Path(dirpath, name)
+                if p.is_symlink():
+                    found[str(p)] = "link:" + os.readlink(p)
+                elif p.is_file():
+                    found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest()
+                else:
+                    found[str(p)] = "dir" if p.is_dir() else "other"
+        return found
+
+    def alarm(*_):
+        raise TimeoutError("over 30 s")
+
+    signal.signal(signal.SIGALRM, alarm)
+    for case in json.loads(cases_file.read_text()):
+        before = snapshot()
+        err = io.StringIO()
+        start = time.perf_counter()
+        signal.alarm(30)
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    code = main(case["argv"])
+                except SystemExit as e:
+                    code = e.code
+        except BaseException as e:  # reported, not hidden: the test fails on it
+            code, _ = "escaped", err.write(f"ESCAPED {type(e).__name__}: {e}")
+        finally:
+            signal.alarm(0)
+        row = {"id": case["id"], "code": code, "stderr": err.getvalue(),
+               "seconds": time.perf_counter() - start, "changed": snapshot() != before,
+               "created": any(p.exists() for p in Path(out_root).glob(case["id"] + "*"))}
+        with open(results_file, "a") as f:
+            f.write(json.dumps(row) + "\\n")
+""")
+
+
+@pytest.fixture(scope="module")
+def results(zoo, tmp_path_factory):
+    """Run every case in one child process, limited to 1.5 GiB of data memory."""
+    work = tmp_path_factory.mktemp("hostile")
+    out = work / "out"
+    out.mkdir()
+    cases = [{"id": i, "argv": [a.format(f=zoo, o=out / i) for a in argv]} for i, argv, _ in CASES]
+    (work / "cases.json").write_text(json.dumps(cases))
+    (work / "runner.py").write_text(RUNNER)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_DATA, (MEMORY, MEMORY))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(work / "runner.py"), str(zoo), str(out),
+                           str(work / "cases.json"), str(work / "results.jsonl")],
+                          preexec_fn=limit, env=env, capture_output=True, text=True, timeout=1200)
+    rows = {}
+    if (work / "results.jsonl").exists():
+        rows = {r["id"]: r for r in map(json.loads, (work / "results.jsonl").read_text().splitlines())}
+    rows["_process"] = {"code": proc.returncode, "stderr": proc.stderr[-2000:]}
+    return rows
+
+
+@pytest.mark.parametrize("case_id,needle", [(i, n) for i, _, n in CASES], ids=[c[0] for c in CASES])
+def test_hostile_input_is_one_line_exit_2_and_changes_nothing(results, zoo, case_id, needle):
+    row = results.get(case_id)
+    assert row is not None, f"the runner died before this case: {results['_process']}"
+    lines = row["stderr"].strip().splitlines()
+    assert row["code"] == 2, row["stderr"][-1500:]
+    assert len(lines) == 1 and "Traceback" not in row["stderr"], row["stderr"][-1500:]
+    assert needle in lines[0], lines[0]
+    assert not row["changed"] and not row["created"], "a file was written or changed"
+    assert row["seconds"] < 30
+    assert not (zoo / "pwned").exists()
+
+
+def test_the_runner_itself_ended_cleanly(results):
+    assert results["_process"]["code"] == 0, results["_process"]["stderr"]
+
+
+def test_the_table_covers_every_command():
+    from slimming.cli import build_parser
+
+    commands = set(build_parser()._subparsers._group_actions[0].choices)
+    assert {argv[0] for _, argv, _ in CASES} == commands
+    assert len(CASES) >= 60

@@ -1,0 +1,205 @@
+"""Promises that only real processes can check: one run per folder (a lock that names its
+holder and dies with it), planted symlinks never written through, SIGTERM/SIGINT leaving no
+temporary file, and a damaged decode cache rebuilt by the next run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import randomize_bn
+
+import models
+from slimming import checkpoint_dict, load_checkpoint, save_checkpoint
+
+TINY = "8,M,16,M,16,M,16,M,16"
+SYN = ["--dataset", "synthetic", "--cpu", "--batch-size", "256"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def slimming(*argv, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slimming", *map(str, argv)], env=ENV,
+                          capture_output=True, text=True, timeout=120, **kw)
+
+
+def temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name)
+
+
+def wait_for(predicate, proc, seconds=60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "model.pth"
+    model = models.build("vgg", cfg=[8, "M", 16, "M", 16, "M", 16, "M", 16])
+    randomize_bn(model, torch.Generator().manual_seed(0))
+    save_checkpoint(checkpoint_dict(model, acc=10.0), path)
+    return path
+
+
+# --------------------------------------------------------------------------- one run per folder
+
+def test_a_second_run_on_a_folder_in_use_is_refused_and_the_lock_dies_with_its_holder(
+        tmp_path, checkpoint):
+    save = tmp_path / "run"
+    first = subprocess.Popen([sys.executable, "-m", "slimming", "train", "--cfg", TINY, "--epochs",
+                              "1000", "--save", str(save), *SYN], env=ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (save / "last.pth").exists(), first)  # mid-run, lock held
+        for argv in (["train", "--cfg", TINY, "--resume", "auto"],
+                     ["finetune", "--checkpoint", checkpoint]):
+            refused = slimming(*argv, "--epochs", 1, "--save", save, *SYN)
+            lines = refused.stderr.strip().splitlines()
+            assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+            assert f"in use by process {first.pid}" in lines[0]
+    finally:
+        first.kill()  # SIGKILL: nothing of slimming's runs, only the kernel drops the lock
+        first.wait()
+    after = slimming("train", "--cfg", TINY, "--resume", "auto", "--epochs", 1, "--save", save, *SYN)
+    assert after.returncode == 0, after.stderr  # the dead holder's lock is no obstacle
+    assert "nothing to do" in after.stdout
+
+
+# --------------------------------------------------------------------------- planted symlinks
+
+def test_symlinks_planted_at_outputs_are_replaced_never_written_through(tmp_path, checkpoint):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    run, pruned, out = tmp_path / "run", tmp_path / "pruned", tmp_path / "export"
+    for folder, name in ((run, "metrics.jsonl"), (pruned, "pruned.pth"), (out, "model.pt2")):
+        folder.mkdir()
+        (folder / name).symlink_to(victim)
+    assert slimming("train", "--cfg", TINY, "--epochs", 1, "--save", run, *SYN).returncode == 0
+    assert slimming("prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", pruned,
+                    "--overwrite", "--cpu").returncode == 0
+    assert slimming("export", "--checkpoint", checkpoint, "--out", out / "model.pt2", "--overwrite",
+                    "--cpu").returncode == 0
+    assert victim.read_text() == "precious\n"
+    for path in (run / "metrics.jsonl", pruned / "pruned.pth", out / "model.pt2"):
+        assert path.is_file() and not path.is_symlink()
+    assert json.loads((run / "metrics.jsonl").read_text())["epoch"] == 1
+    load_checkpoint(pruned / "pruned.pth")
+    # without --overwrite, a symlink (even a dangling one) counts as an existing output
+    (pruned / "pruned.pth").unlink()
+    (pruned / "pruned.pth").symlink_to(tmp_path / "nowhere")
+    refused = slimming("prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", pruned, "--cpu")
+    assert refused.returncode == 2 and "already exists" in refused.stderr
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_symlink_planted_at_the_lock_is_refused(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".slimming.lock").symlink_to(tmp_path / "elsewhere")
+    result = slimming("train", "--cfg", TINY, "--epochs", 1, "--save", run, *SYN)
+    assert result.returncode == 2 and "symlink" in result.stderr
+    assert not (tmp_path / "elsewhere").exists()
+
+
+# --------------------------------------------------------------------------- signals
+
+# Runs a command with every atomic rename slowed down: the signal arrives while a finished
+# temporary file waits to replace its target, the worst moment for leaving one behind.
+SLOW_RENAME = textwrap.dedent("""
+    import os, sys, time
+    from pathlib import Path
+
+    real = os.replace
+    def slow_replace(src, dst):
+        Path(sys.argv[1]).write_text(str(dst))
+        time.sleep(60)
+        real(src, dst)
+    os.replace = slow_replace
+    from slimming.cli import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pipe") / "run"
+    result = slimming("pipeline", "--cfg", TINY, "--epochs", 1, "--finetune-epochs", 1, "--percent",
+                      "0.5", "--sparsity", "1e-2", "--repeats", 0, "--save", root, *SYN)
+    assert result.returncode == 0, result.stderr
+    return root
+
+
+@pytest.mark.parametrize("command,sig", [
+    ("train", signal.SIGTERM), ("train", signal.SIGINT), ("prune", signal.SIGTERM),
+    ("prune", signal.SIGINT), ("export", signal.SIGTERM), ("sweep", signal.SIGTERM),
+    ("report", signal.SIGTERM),
+])
+def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, checkpoint, pipeline_run, command, sig):
+    out = tmp_path / "out"
+    argv = {
+        "train": ["train", "--cfg", TINY, "--epochs", 2, "--save", out, *SYN],
+        "prune": ["prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", out, "--cpu"],
+        "export": ["export", "--checkpoint", checkpoint, "--out", out / "m.pt2", "--cpu"],
+        "sweep": ["sweep", "--checkpoint", checkpoint, "--percents", "0.5", "--save", out, *SYN],
+        "report": ["report", "--run", out, "--repeats", 0, "--cpu"],
+    }[command]
+    if command == "report":  # a finished run to report on, copied so the original stays clean
+        subprocess.run(["cp", "-r", str(pipeline_run), str(out)], check=True)
+        before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    (tmp_path / "slow.py").write_text(SLOW_RENAME)
+    marker = tmp_path / "renaming"
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "slow.py"), str(marker), *map(str, argv)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for(marker.exists, proc)
+    assert temporaries(out)  # the finished temporary file is there, waiting to be renamed
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if sig == signal.SIGINT else 128 + sig), err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].endswith(
+        "interrupted" if sig == signal.SIGINT else f"stopped by signal {int(sig)}")
+    assert temporaries(out) == []
+    target = Path(marker.read_text())
+    assert not target.exists() or command == "report"  # the first write never happened
+    if command == "report":
+        assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+# --------------------------------------------------------------------------- the decode cache
+
+def test_a_damaged_decode_cache_is_rebuilt_by_the_next_run(tmp_path):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    for split in ("train", "test"):
+        for c in ("a", "b"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(4):
+                pixels = torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8)
+                Image.fromarray(pixels.numpy()).save(tmp_path / "data" / split / c / f"{i}.png")
+    env = {**ENV, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+
+    def train(save):
+        return subprocess.run([sys.executable, "-m", "slimming", "train", "--cfg", TINY, "--epochs", "1",
+                               "--dataset", "imagefolder", "--data-root", str(tmp_path / "data"),
+                               "--cpu", "--save", str(tmp_path / save)],
+                              env=env, capture_output=True, text=True, timeout=120)
+
+    first = train("a")
+    assert first.returncode == 0 and "decoded 16 images" in first.stderr, first.stderr
+    (cache,) = (tmp_path / "cache").rglob("imagefolder-*.pt")
+    data = bytearray(cache.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a flipped byte in the pixels
+    cache.write_bytes(bytes(data))
+    second = train("b")
+    assert second.returncode == 0, second.stderr
+    assert "invalid and is being rebuilt" in second.stderr and "decoded 16 images" in second.stderr
+    third = train("c")
+    assert third.returncode == 0 and "decoded" not in third.stderr  # the rebuilt cache is used
