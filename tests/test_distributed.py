@@ -38,6 +38,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(*argv: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m slimming ARGV`` on the CPU, one thread per rank."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+           "127.0.0.1", "--master_port", str(free_port()), "-m", "slimming", *argv]
+    return subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def checkpoint_files(save) -> list[str]:
     """What a run left in its --save folder, less hidden files (the run lock)."""
     return sorted(p.name for p in save.iterdir() if not p.name.startswith("."))
@@ -72,14 +80,11 @@ def test_repeated_two_rank_runs_all_exit_cleanly(tmp_path):
     """Rank 1 used to abort now and then after a finished run ("terminate called without an
     active exception": gloo's worker thread freed the last all_reduce's tensor while the
     interpreter was exiting), so torchrun failed although the checkpoints were complete."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for i in range(5):
         save = tmp_path / f"run{i}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "slimming",
-               "train", "--arch", "vgg", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset", "synthetic",
-               "--epochs", "1", "--seed", "0", "--cpu", "--batch-size", "64", "--save", str(save)]
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        result = torchrun("train", "--arch", "vgg", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset",
+                          "synthetic", "--epochs", "1", "--seed", "0", "--cpu", "--batch-size", "64",
+                          "--save", str(save))
         out = result.stdout + result.stderr
         assert result.returncode == 0, f"run {i}: {out[-3000:]}"
         assert "terminate called" not in out and "ChildFailedError" not in out, f"run {i}: {out[-3000:]}"
@@ -168,15 +173,12 @@ def test_a_group_made_elsewhere_is_left_alone(world_of_one, tmp_path):
 def test_the_pipeline_under_torchrun_prunes_and_reports_on_rank_0_only(tmp_path):
     """Every rank trains; rank 0 alone prunes, evaluates, writes the report and prints, and the
     other rank reads what it wrote (it used to race it: "no such file"). Twice in a row."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for i in range(2):
         root = tmp_path / f"pipe{i}"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "slimming",
-               "pipeline", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset", "synthetic", "--epochs", "1",
-               "--finetune-epochs", "1", "--sparsity", "1e-2", "--percent", "0.5", "--repeats", "0",
-               "--seed", "0", "--cpu", "--batch-size", "128", "--save", str(root)]
-        result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        result = torchrun("pipeline", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset", "synthetic",
+                          "--epochs", "1", "--finetune-epochs", "1", "--sparsity", "1e-2", "--percent",
+                          "0.5", "--repeats", "0", "--seed", "0", "--cpu", "--batch-size", "128",
+                          "--save", str(root), timeout=300)
         out = result.stdout + result.stderr
         assert result.returncode == 0, out[-3000:]
         assert "terminate called" not in out and "ChildFailedError" not in out

@@ -409,8 +409,8 @@ def test_the_runner_itself_ended_cleanly(results):
 
 
 def test_the_table_covers_every_command():
+    """A command added later must bring its hostile inputs into the table."""
     from slimming.cli import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert {argv[0] for _, argv, _ in CASES} == commands
-    assert len(CASES) >= 60
