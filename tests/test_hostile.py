@@ -123,7 +123,7 @@ def zoo(tmp_path_factory):
         sys.setrecursionlimit(limit)
     raw(d, "bigint.pth", {"arch": "vgg", "state_dict": {}, "x": 2**4000})
     raw(d, "sparse.pth", {"arch": "vgg", "state_dict": {"w": torch.sparse_coo_tensor(
-        torch.zeros(4, 0, dtype=torch.long), torch.zeros(0), (8, 3, 3, 3))}})
+        torch.zeros(4, 0, dtype=torch.long), torch.zeros(0), (8, 3, 3, 3), check_invariants=True)}})
     forged(d, "complex.pth", weight(torch.zeros(8, 3, 3, 3, dtype=torch.complex64)))
     forged(d, "intweight.pth", weight(torch.zeros(8, 3, 3, 3, dtype=torch.int64)))
     forged(d, "shape.pth", weight(torch.zeros(8, 5, 3, 3)))
