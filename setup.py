@@ -2,6 +2,7 @@ from setuptools import find_packages, setup
 
 PLOT = ["matplotlib>=3.5"]
 ONNX = ["onnx>=1.15", "onnxscript>=0.1", "onnxruntime>=1.17"]
+TIMM = ["timm>=1.0"]
 
 setup(
     name="slimming",
@@ -24,8 +25,10 @@ setup(
     extras_require={
         "plot": PLOT,
         "onnx": ONNX,
+        "timm": TIMM,  # timm models: --arch timm:NAME
         # the tests execute the notebook and check every export format
-        "dev": ["pytest>=7", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5", "ipykernel>=6", *PLOT, *ONNX],
+        "dev": ["pytest>=7", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5", "ipykernel>=6", *PLOT, *ONNX,
+                *TIMM],
     },
     entry_points={"console_scripts": ["slimming=slimming.cli:main"]},
 )

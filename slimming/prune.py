@@ -1,12 +1,19 @@
-"""Pruning: which channels to cut (a global |gamma| threshold) and how to cut them.
+"""Pruning: which channels go together, which to cut, and how to cut them.
 
-"Which" is architecture-free: one threshold over the |gamma| of every prunable BatchNorm layer.
-"How" rebuilds ``Net(cfg)`` with the surviving widths (on the meta device) and fills it with the
-kept weights, by the family's surgery in ``SURGERY``: for chain-shaped networks (NIN, VGG), a walk
-over the old and new ``modules()`` side by side with a ``start_mask`` (input channels) and an
+"Which go together": for the four shipped families, each prunable BatchNorm alone (the
+paper's); for any other network, the groups of ``slimming.graph`` (a traced channel graph).
+"Which to cut" is architecture-free: one global threshold over the scores of an importance
+criterion (``slimming.importance``; network slimming's |gamma| by default).
+
+"How": for any other network, ``slimming.surgery`` cuts a copy along the graph. A family is
+rebuilt as ``Net(cfg)`` with the surviving widths (on the meta device) and filled with the kept
+weights by its surgery in ``SURGERY``: for chain-shaped networks (NIN, VGG), a walk over the
+old and new ``modules()`` side by side with a ``start_mask`` (input channels) and an
 ``end_mask`` (output channels), as the paper's code does; for the pre-activation ResNet and
 DenseNet, whose layers read shared tensors, the family declares per BN which weights its mask
-cuts (``channel_slices()``) and ``copy_sliced_weights`` applies exactly that.
+cuts (``channel_slices()``) and ``copy_sliced_weights`` applies exactly that. The traced path
+on VGG and NIN gives the same channels and outputs as their surgery (tested): each checks the
+other.
 """
 
 from __future__ import annotations
@@ -14,11 +21,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .errors import SlimmingError
+
+if TYPE_CHECKING:
+    from .importance import Importance
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -43,22 +54,29 @@ def prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
 
 def channel_masks(model: nn.Module, percent: float | None = None, threshold: float | None = None,
                   min_channels: int = 1) -> tuple[list[torch.Tensor], float | None]:
-    """One boolean keep-mask per prunable BN (in ``prunable_bns`` order), and the threshold.
-
-    ``percent=p`` ranks all N prunable channels by |gamma| and removes exactly ``floor(p * N)``
-    of them, the smallest (ties broken by layer order); the returned threshold is the largest
-    |gamma| removed (None when none is). ``threshold=t`` removes every channel with |gamma| <= t.
-    Then each layer that would keep fewer than ``min_channels`` keeps its ``min_channels``
-    largest-|gamma| channels (or all, if it has fewer), so no layer is ever emptied.
-    Raises SlimmingError for arguments out of range and for gammas that are not finite.
-    """
-    masks, threshold, _ = _masks(model, percent, threshold, min_channels)
+    """One boolean keep-mask per prunable BN (in ``prunable_bns`` order), and the threshold,
+    by |gamma| (see ``select``). Raises SlimmingError for arguments out of range and for
+    gammas that are not finite."""
+    bns = prunable_bns(model)
+    if not bns or any(bn.weight is None for bn in bns):
+        raise SlimmingError("the model has no prunable BatchNorm2d layer with a scale (affine=True): "
+                            "there is nothing to slim")
+    masks, threshold, _ = select([bn.weight.detach().abs().float().cpu() for bn in bns], percent,
+                                 threshold, min_channels)
     return masks, threshold
 
 
-def _masks(model: nn.Module, percent: float | None, threshold: float | None,
-           min_channels: int) -> tuple[list[torch.Tensor], float | None, list[int]]:
-    """``channel_masks`` plus the indices of the layers the ``min_channels`` guard refilled."""
+def select(scores: list[torch.Tensor], percent: float | None, threshold: float | None,
+           min_channels: int = 1) -> tuple[list[torch.Tensor], float | None, list[int]]:
+    """Keep-masks for score vectors (one per group of channels cut together), the threshold,
+    and the indices of the groups the ``min_channels`` guard refilled.
+
+    ``percent=p`` ranks all N channels by score and removes exactly ``floor(p * N)`` of them,
+    the lowest (ties broken by group order); the returned threshold is the largest score
+    removed (None when none is). ``threshold=t`` removes every channel scoring <= t. Then each
+    group that would keep fewer than ``min_channels`` keeps its ``min_channels`` best channels
+    (or all, if it has fewer), so no layer is ever emptied.
+    """
     if (percent is None) == (threshold is None):
         raise SlimmingError("give exactly one of percent and threshold")
     if percent is not None and not (0 <= percent < 1):
@@ -67,16 +85,14 @@ def _masks(model: nn.Module, percent: float | None, threshold: float | None,
         raise SlimmingError(f"threshold must be >= 0 and finite, got {threshold}")
     if min_channels < 1:
         raise SlimmingError(f"min_channels must be >= 1, got {min_channels}")
-    bns = prunable_bns(model)
-    if not bns or any(bn.weight is None for bn in bns):
-        raise SlimmingError("the model has no prunable BatchNorm2d layer with a scale (affine=True): "
-                            "there is nothing to slim")
-    gammas = [bn.weight.detach().abs().float().cpu() for bn in bns]
-    allg = torch.cat(gammas)
+    if not scores:
+        raise SlimmingError("no channel group of this model can be pruned (see slimming.graph for "
+                            "what keeps a group whole): there is nothing to slim")
+    allg = torch.cat(scores)
     if not torch.isfinite(allg).all():
-        bad = [i for i, g in enumerate(gammas) if not torch.isfinite(g).all()]
-        raise SlimmingError(f"{len(bad)} BatchNorm layer(s) have non-finite gammas (nan/inf), the "
-                            f"first is number {bad[0]} of {len(bns)}: the model diverged; prune a "
+        bad = [i for i, g in enumerate(scores) if not torch.isfinite(g).all()]
+        raise SlimmingError(f"{len(bad)} layer(s) have non-finite scores (nan/inf gammas), the "
+                            f"first is number {bad[0]} of {len(scores)}: the model diverged; prune a "
                             "checkpoint from before (e.g. best.pth)")
     if percent is not None:
         k = math.floor(percent * allg.numel() + 1e-9)
@@ -89,9 +105,9 @@ def _masks(model: nn.Module, percent: float | None, threshold: float | None,
         if not keep.any():
             raise SlimmingError(f"threshold {threshold:g} is at or above every |gamma| (the largest "
                                 f"is {allg.max().item():.4g}): it would prune every channel")
-    masks = list(keep.split([g.numel() for g in gammas]))
+    masks = list(keep.split([g.numel() for g in scores]))
     guarded = []
-    for i, (g, m) in enumerate(zip(gammas, masks)):
+    for i, (g, m) in enumerate(zip(scores, masks)):
         need = min(min_channels, g.numel())
         if int(m.sum()) < need:
             masks[i] = m.clone()
@@ -180,40 +196,102 @@ class PruneResult:
     """What ``prune`` returns: the smaller network and how it was cut from the original."""
 
     model: nn.Module
-    cfg: list
+    cfg: list | dict  # a family's widths; for a traced network {BatchNorm name: width}
     cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d of the original, modules() order
-    threshold: float | None  # largest |gamma| removed (percent) or the threshold given
+    threshold: float | None  # largest score removed (percent) or the threshold given
     layer_names: list[str]  # the original's BatchNorm2d names, in cfg_mask order
     guarded: list[str] = field(default_factory=list)  # BNs the min_channels guard refilled
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # BN name -> keep-mask
+
+    def __post_init__(self):
+        if not self.masks:
+            self.masks = dict(zip(self.layer_names, self.cfg_mask))
 
     def layer_table(self) -> list[tuple[str, int, int]]:
         """(BN layer name, channels before, channels after) for every BatchNorm2d."""
         return [(n, m.numel(), int(m.sum())) for n, m in zip(self.layer_names, self.cfg_mask)]
 
 
-def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
-          min_channels: int = 1) -> PruneResult:
-    """Slim ``model`` (a NIN, VGG, pre-activation ResNet or DenseNet ``Net``): cut low-|gamma|
-    channels and rebuild it thinner.
+def default_example(model: nn.Module) -> torch.Tensor:
+    """One image of the size the model takes: its ``input_size`` (C, H, W) when it has one
+    (set by slimming's builders), 3x32x32 for the shipped families, else 3x224x224."""
+    size = getattr(model, "input_size", None) or ((3, 32, 32) if getattr(model, "arch", None) in SURGERY
+                                                  else (3, 224, 224))
+    return torch.zeros(1, *size, device=next(model.parameters()).device)
 
-    Give ``percent`` (fraction of prunable channels removed, see ``channel_masks``) or an
-    absolute ``threshold``. The original model is left untouched; the new one is on the same
-    device, in the same train/eval mode, and its weights are never initialised only to be
-    overwritten (it is built on the meta device and filled by assignment).
+
+def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
+          min_channels: int = 1, *, importance: Importance | None = None,
+          example_inputs: torch.Tensor | None = None, ignore: tuple[str, ...] = (),
+          surgery: str = "auto") -> PruneResult:
+    """Slim ``model``: cut its least important channels and build it thinner.
+
+    Give ``percent`` (fraction of prunable channels removed, exactly ``floor(percent * N)``)
+    or an absolute ``threshold`` on the scores. ``importance`` scores channels (default
+    ``slimming.importance.BNScale("max")``: |gamma|, the largest over a group's BatchNorms).
+    A shipped family (NIN, VGG, pre-activation ResNet, DenseNet) is cut by its own surgery,
+    exactly as the paper does; any other network (or any, with ``surgery="graph"``) is traced
+    on ``example_inputs`` (default: one image of ``default_example``'s size) and cut along its
+    channel graph, keeping whole the modules named in ``ignore``. The original model is left
+    untouched; the new one is on the same device and in the same train/eval mode.
     """
-    import models  # here, not at import time: the pruning core works on any Net-like model
+    from .importance import DEFAULT
 
     model = unwrap(model)
-    masks, threshold, guarded = _masks(model, percent, threshold, min_channels)
+    importance = importance or DEFAULT
+    if surgery not in ("auto", "graph"):
+        raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}")
+    if surgery == "graph" or getattr(model, "arch", None) not in SURGERY:
+        example = default_example(model) if example_inputs is None else example_inputs
+        return _prune_traced(model, percent, threshold, min_channels, importance, example, ignore)
+    return _prune_family(model, percent, threshold, min_channels, importance)
+
+
+def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
+
+
+def _prune_family(model, percent, threshold, min_channels, importance) -> PruneResult:
+    """The paper's way: one group per prunable BN, rebuilt as ``Net(cfg)`` on the meta device."""
+    import models  # here, not at import time: the pruning core works on any Net-like model
+
+    from .graph import Group
+
     prunable = prunable_bns(model)
+    if not prunable or any(bn.weight is None for bn in prunable):
+        raise SlimmingError("the model has no prunable BatchNorm2d layer with a scale (affine=True): "
+                            "there is nothing to slim")
+    bns = _bn_names(model)
+    names = {id(bn): name for name, bn in model.named_modules()}
+    scores = [importance(model, Group(bn.num_features, [], [(names[id(bn)], 0, 0, bn.num_features)]))
+              for bn in prunable]
+    masks, threshold, guarded = select(scores, percent, threshold, min_channels)
     by_layer = {id(bn): m for bn, m in zip(prunable, masks)}
-    bns = [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
-    names = {id(bn): name for name, bn in bns}
-    cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool))
-                for _, bn in bns]
+    cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool)) for _, bn in bns]
     cfg = model.pruned_cfg([int(m.sum()) for m in masks])
     new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
-    SURGERY.get(model.arch, copy_chain_weights)(model, new, cfg_mask)
+    SURGERY[model.arch](model, new, cfg_mask)
     new.train(model.training)
     return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
-                       [names.get(id(prunable[i]), str(i)) for i in guarded])
+                       [names[id(prunable[i])] for i in guarded])
+
+
+def _prune_traced(model, percent, threshold, min_channels, importance, example, ignore) -> PruneResult:
+    """Any network: trace its channel graph, score each prunable group, cut a copy."""
+    from . import surgery
+    from .graph import trace
+
+    graph = trace(model, example, tuple(ignore))
+    groups = [g for g in graph.groups() if g.prunable]
+    masks, threshold, guarded = select([importance(model, g).float().cpu() for g in groups],
+                                       percent, threshold, min_channels)
+    roots = {graph.find(g.spaces[0]): m for g, m in zip(groups, masks)}
+    plan = surgery.plan(graph, roots)
+    new = surgery.cut(model, plan)
+    bns = _bn_names(model)
+    cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
+                for name, bn in bns]
+    cfg = {name: int(m.sum()) for (name, _), m in zip(bns, cfg_mask)}
+    new.cfg = cfg
+    return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+                       [groups[i].bns[0][0] for i in guarded])
