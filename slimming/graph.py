@@ -101,12 +101,13 @@ ZERO_FUNCTIONS = {"relu", "relu_", "relu6", "silu", "gelu", "hardswish", "leaky_
 PASS_MODULES = (nn.Sigmoid, nn.Hardsigmoid, nn.Softplus)
 PASS_FUNCTIONS = {"sigmoid", "hardsigmoid", "softplus", "exp"}
 NOT_TENSORS = {"size", "dim", "getattr", "numel", "len", "eq", "ne", "assert", "is_floating_point"}
-try:  # torchvision's StochasticDepth module (EfficientNet): identity in eval, a per-sample mask
-    from torchvision.ops import StochasticDepth
+# torchvision's StochasticDepth (EfficientNet): identity in eval, a per-sample mask in training;
+# matched by name, so that pruning a VGG does not import torchvision (seconds)
+ZERO_BY_NAME = {("torchvision.ops.stochastic_depth", "StochasticDepth")}
 
-    ZERO_MODULES = (*ZERO_MODULES, StochasticDepth)
-except ImportError:  # torchvision is a dependency, but graph.py does not need it
-    pass
+
+def _zero_preserving(m: nn.Module) -> bool:
+    return isinstance(m, ZERO_MODULES) or (type(m).__module__, type(m).__name__) in ZERO_BY_NAME
 
 
 class Tracer(fx.Tracer):
@@ -323,7 +324,7 @@ class _Walk:
                 self.g.lock(x, f"{name} is in ignore")
             self.g.uses.append(Use(name, "bn", x))
             act = getattr(m, "act", None)  # timm's BatchNormAct2d: BN, then its activation
-            zero = m.weight is not None and (act is None or isinstance(act, ZERO_MODULES))
+            zero = m.weight is not None and (act is None or _zero_preserving(act))
             return x.with_gate(True if zero else False)
         if isinstance(m, nn.Linear):
             if x is None:
@@ -338,10 +339,10 @@ class _Walk:
             return Map([Seg(out, 0, m.out_features, False)])
         if isinstance(m, nn.Flatten):
             return self.flatten(node, x, m.start_dim, m.end_dim, shape)
-        if isinstance(m, ZERO_MODULES + PASS_MODULES):
+        if _zero_preserving(m) or isinstance(m, PASS_MODULES):
             if x is None:
                 return None
-            return x.with_gate(None if isinstance(m, ZERO_MODULES) else False)
+            return x.with_gate(None if _zero_preserving(m) else False)
         if not args:
             return None
         raise self.fail(node, f"the module {type(m).__name__}")
