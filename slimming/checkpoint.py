@@ -18,6 +18,7 @@ built from it.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from pathlib import Path
@@ -28,6 +29,7 @@ from torch import nn
 
 import models
 from models.common import ChannelSelect
+from models.external import check_kwargs, is_external, is_user_code
 
 from .compat import PAPER_NAMES, from_paper
 from .errors import CheckpointError, first_line
@@ -77,17 +79,32 @@ def _check_fields(ckpt: dict, path: Path) -> None:
     if version > VERSION:
         raise CheckpointError(f"{path}: written by a newer slimming (checkpoint version {version}; "
                               f"this one reads up to {VERSION}): upgrade slimming")
-    if ckpt["arch"] not in models.ARCHS:
-        raise bad("arch", f"expected one of: {', '.join(sorted(models.ARCHS))}")
+    external = is_external(ckpt["arch"])
+    if ckpt["arch"] not in models.ARCHS and not external:
+        raise bad("arch", f"expected one of: {', '.join(sorted(models.ARCHS))}, or "
+                  "torchvision:NAME, timm:NAME")
     options = ckpt.get("options")
     if options is not None and not isinstance(options, dict):
         raise bad("options", "expected a dict such as {'depth': 19, 'num_classes': 10}")
     for key, value in (options or {}).items():
-        if not isinstance(key, str) or not _is_int(value) or value < 1:
+        if external and key == "kwargs":
+            try:
+                check_kwargs(value)
+            except ValueError as e:
+                raise CheckpointError(f"{path}: its options: {e}") from None
+        elif external and key == "input_size":
+            if not isinstance(value, list) or len(value) != 3 or not all(
+                    _is_int(v) and 1 <= v <= 4096 for v in value):
+                raise bad("options", "its input_size is not [C, H, W]")
+        elif not isinstance(key, str) or not _is_int(value) or value < 1:
             raise CheckpointError(f"{path}: option {str(key)[:40]!r} = {str(value)[:40]}: "
                                   "expected a positive integer")
     cfg = ckpt.get("cfg")
-    if cfg is not None and (not isinstance(cfg, list) or not all(
+    if external:
+        if cfg is not None and (not isinstance(cfg, dict) or not all(
+                isinstance(k, str) and _is_int(v) and v >= 1 for k, v in cfg.items())):
+            raise bad("cfg", "expected None or {BatchNorm name: positive width}")
+    elif cfg is not None and (not isinstance(cfg, list) or not all(
             v == "M" or (_is_int(v) and v >= 1) for v in cfg)):
         raise bad("cfg", "expected None or a list of positive widths (and 'M')")
     masks = ckpt.get("cfg_mask")
@@ -135,6 +152,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         model_from_checkpoint(ckpt, path)  # built on the meta device: any misfit is an error now
     else:
         _check_fields(ckpt, path)
+        if is_user_code(ckpt["arch"]) and arch != ckpt["arch"]:  # never run code a file names
+            raise CheckpointError(f"{path}: its network is built by your own code "
+                                  f"({ckpt['arch']}); pass --arch {ckpt['arch']} to run it")
         if arch is not None and PAPER_NAMES.get(arch, arch) != ckpt["arch"]:
             raise CheckpointError(f"{path}: the file holds arch {ckpt['arch']!r}, not {arch!r}")
         have = (ckpt.get("options") or {}).get("depth")
@@ -172,6 +192,8 @@ def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") ->
     The declared options and cfg are checked against the weights' shapes first, so building
     never costs more than the file's tensors warrant."""
     arch, cfg, options = ckpt["arch"], ckpt.get("cfg"), ckpt.get("options") or {}
+    if is_external(arch):
+        return _external_from_checkpoint(ckpt, path)
     try:
         check_declared(arch, options, cfg, ckpt["state_dict"])
     except KeyError as e:
@@ -198,6 +220,31 @@ def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") ->
     return model
 
 
+def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
+    """A torchvision/timm/user network: built on the meta device from its builder and options,
+    given the widths its state_dict holds (``surgery.resize_like``), then filled."""
+    from .surgery import resize_like
+
+    arch, cfg, sd = ckpt["arch"], ckpt.get("cfg"), ckpt["state_dict"]
+    for name, width in (cfg or {}).items():  # the declared widths against the weights, first
+        stats = sd.get(f"{name}.running_mean", sd.get(f"{name}.weight"))
+        if stats is None or stats.dim() != 1 or stats.numel() != width:
+            raise CheckpointError(f"{path}: its cfg says {name} has {width} channels; its weights "
+                                  "disagree")
+    try:
+        model = models.build(arch, cfg=cfg, empty=True, **(ckpt.get("options") or {}))
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
+    resize_like(model, sd, str(path))
+    state = _match_dtypes(sd, model.state_dict(), path)
+    try:
+        model.load_state_dict(state, assign=True)
+    except (RuntimeError, KeyError, TypeError, AttributeError) as e:
+        detail = first_line(e) if "Error(s) in loading" not in str(e) else str(e).splitlines()[1]
+        raise CheckpointError(f"{path}: its weights do not fit {arch}: {detail.strip()[:200]}") from None
+    return model
+
+
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", arch: str | None = None,
                depth: int | None = None) -> nn.Module:
     """Rebuild any slimming checkpoint (pruned or not), or one of the paper's code given its
@@ -212,7 +259,11 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
     from .prune import unwrap
 
     model = unwrap(model)
-    default = models.build(model.arch, empty=True, **model.options).cfg
+    if is_external(model.arch):
+        cfg = model.cfg or None  # None until pruned, then {BatchNorm name: width}
+    else:
+        default = models.build(model.arch, empty=True, **model.options).cfg
+        cfg = None if model.cfg == default else model.cfg
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
-            "options": dict(model.options), "cfg": None if model.cfg == default else model.cfg,
+            "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
             "state_dict": model.state_dict(), **fields}

@@ -61,13 +61,30 @@ seed = _number(int, 0, True, "in [0, 2**63)", high=2**63)
 
 
 def arch_name(text: str) -> str:
+    """A shipped family (or the paper's alias), or torchvision:NAME / timm:NAME /
+    package.module:function (checked when the flags are read together: ``check_args``)."""
     import models
 
+    if ":" in text:
+        return text
     name = ARCH_ALIASES.get(text, text)
     if name not in models.ARCHS:
         raise argparse.ArgumentTypeError(f"unknown arch {text!r}; choose one of: "
-                                         f"{', '.join(sorted([*models.ARCHS, *ARCH_ALIASES]))}")
+                                         f"{', '.join(sorted([*models.ARCHS, *ARCH_ALIASES]))}, "
+                                         "or torchvision:NAME, timm:NAME, package.module:function")
     return name
+
+
+def json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("give a JSON object, e.g. '{\"width_mult\": 0.5}'")
+    return value
 
 
 def parse_cfg(text: str) -> list:
@@ -123,18 +140,29 @@ def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "ci
     g.add_argument("--workers", type=count, default=2, help="DataLoader workers (torchvision loader)")
 
 
-def add_model_flags(p: argparse.ArgumentParser, default: str | None, cfg: bool = False) -> None:
+def add_model_flags(p: argparse.ArgumentParser, default: str | None, build: bool = False) -> None:
+    """``build``: the flags that make a new network (train, pipeline)."""
     g = p.add_argument_group("model")
     g.add_argument("--arch", type=arch_name, default=default,
-                   help="nin, vgg, preresnet (or resnet) or densenet"
-                   + ("" if default else "; needed for checkpoints of the paper's own code"))
+                   help="nin, vgg, preresnet (or resnet), densenet, torchvision:NAME, timm:NAME or "
+                   "package.module:function (your own code, run only when you name it)"
+                   + ("" if default else "; needed for checkpoints of the paper's own code and "
+                      "of your own functions"))
     g.add_argument("--depth", type=positive_int, default=None,
                    help="VGG 11/13/16/19 (default 19), ResNet 9n+2 (default 164), DenseNet 3n+4 "
                    "(default 40)")
-    if cfg:
+    if build:
         g.add_argument("--cfg", type=parse_cfg, default=None,
                        help="custom widths, e.g. 16,M,32,M,64,64,M,128,128,M,128,128 (VGG: M = "
                        "2x2 max-pool, four of them for 32x32 inputs; NIN: eight widths)")
+        g.add_argument("--num-classes", type=positive_int, default=None,
+                       help="outputs of the classifier (default: the dataset's classes)")
+        g.add_argument("--model-kwargs", type=json_object, default={}, metavar="JSON",
+                       help="other arguments of a torchvision/timm/your builder, e.g. "
+                       "'{\"width_mult\": 0.5}'")
+        g.add_argument("--init", type=Path, default=None, metavar="PATH",
+                       help="start from these weights: a state_dict (or a file holding one under "
+                       "'state_dict' or 'model'), e.g. your fine-tuned model")
 
 
 def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | None = "cifar10") -> None:
@@ -203,7 +231,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
-    add_model_flags(p, "vgg", cfg=True)
+    add_model_flags(p, "vgg", build=True)
     add_training_flags(p, epochs=160)
     p.set_defaults(func=commands.cmd_train)
 
@@ -234,8 +262,9 @@ def build_parser() -> Parser:
     add_checkpoint_flag(p)
     p.add_argument("--compare", type=Path, help="a second checkpoint, shown side by side")
     add_model_flags(p, None)
-    p.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W",
-                   help="the input of one image")
+    p.add_argument("--input-size", type=input_size, default=None, metavar="C,H,W",
+                   help="the input of one image (default: the size the model was trained at, "
+                   "else 3,32,32)")
     add_repeats_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_device_flags(p)
@@ -262,8 +291,9 @@ def build_parser() -> Parser:
     g.add_argument("--format", choices=("export", "torchscript", "onnx"), default="export",
                    help="export: a torch.export program (.pt2), the path PyTorch recommends")
     g.add_argument("--out", type=Path, required=True, metavar="FILE", help="the file to write")
-    g.add_argument("--input-size", type=input_size, default=(3, 32, 32), metavar="C,H,W",
-                   help="the input of one image")
+    g.add_argument("--input-size", type=input_size, default=None, metavar="C,H,W",
+                   help="the input of one image (default: the size the model was trained at, "
+                   "else 3,32,32)")
     g.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
     g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_device_flags(p)
@@ -271,12 +301,14 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("report", help="Markdown + JSON report (and PNG pictures) of a run folder")
     p.add_argument("--run", type=Path, required=True, metavar="DIR", help="a pipeline's --save folder")
+    p.add_argument("--arch", type=arch_name, default=None,
+                   help="package.module:function, when the run's network is your own code")
     add_repeats_flag(p)
     add_device_flags(p)
     p.set_defaults(func=commands.cmd_report)
 
     p = sub.add_parser("pipeline", help="sparsity training -> prune -> fine-tune -> report, resumable")
-    add_model_flags(p, "vgg", cfg=True)
+    add_model_flags(p, "vgg", build=True)
     add_training_flags(p, epochs=160)
     add_prune_flags(p, required=True)
     g = p.add_argument_group("training")
@@ -384,10 +416,22 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
             commands.device_for(args)
         except SlimmingError as e:
             parser.error(str(e))
-    if getattr(args, "cfg", None) is not None or (args.command in ("train", "pipeline")
-                                                   and args.depth is not None):
-        import models
+    import models
 
+    external = models.external.is_external(getattr(args, "arch", None))
+    if args.command in ("train", "pipeline") and external:
+        if args.cfg is not None or args.depth is not None:
+            parser.error(f"--cfg and --depth are for the shipped families; {args.arch} takes its "
+                         "options through --model-kwargs")
+        try:
+            models.build(args.arch, empty=True, num_classes=args.num_classes, kwargs=args.model_kwargs)
+        except ValueError as e:
+            parser.error(f"--arch {args.arch}: {first_line(e)}")
+    elif args.command in ("train", "pipeline") and args.model_kwargs:
+        parser.error("--model-kwargs is for torchvision:/timm:/your own architectures; the "
+                     "shipped families take --depth and --cfg")
+    elif getattr(args, "cfg", None) is not None or (args.command in ("train", "pipeline")
+                                                     and args.depth is not None):
         options = {} if args.depth is None or args.cfg is not None else {"depth": args.depth}
         try:
             models.build(args.arch, cfg=args.cfg, empty=True, **options)

@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models import describe_cfg
+
 from . import devices
 from .checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint, save_checkpoint
 from .distributed import DistInfo, cleanup, init_distributed
@@ -117,6 +119,21 @@ def loaders(args, device: torch.device, dist: DistInfo | None = None):
                          world_size=dist.world_size)
 
 
+def data_record(args, train_loader) -> dict:
+    """What a checkpoint records of the data it was trained on, so that eval, sweep and
+    finetune can default to it: dataset, root, image size and normalisation."""
+    record = {"dataset": args.dataset, "data_root": str(args.data_root) if args.data_root else None}
+    for key in ("image_size", "norm"):
+        value = getattr(train_loader, key, getattr(args, key, None))
+        if value is not None:
+            record[key] = value
+    for key in ("mean", "std"):
+        value = getattr(train_loader, key, None)
+        if value is not None:
+            record[key] = [float(v) for v in torch.as_tensor(value).flatten()]
+    return record
+
+
 def check_classes(ckpt: dict, path, num_classes: int) -> None:
     have = (ckpt.get("options") or {}).get("num_classes")
     if have is not None and have != num_classes:
@@ -155,7 +172,8 @@ def resume_checkpoint(args) -> dict | None:
 def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module, dict]]) -> None:
     """Everything ``train`` and ``finetune`` share: devices, torchrun, data, resume, the loop.
 
-    ``make_model(num_classes, device)`` gives the starting network and extra checkpoint fields.
+    ``make_model(num_classes, device, data)`` gives the starting network and extra checkpoint
+    fields (``data``: what ``data_record`` says of the training data).
     Rank 0 holds the ``--save`` folder's run lock from before it checks the folder (when the
     folder exists) until the end.
     """
@@ -179,16 +197,18 @@ def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module
                 return
             seed_everything(args.seed, args.deterministic)
             train_loader, test_loader, num_classes = loaders(args, device, dist)
+            data = data_record(args, train_loader)
             if resumed is None:
-                model, extra = make_model(num_classes, device)
+                model, extra = make_model(num_classes, device, data)
             else:  # the run's own checkpoint says what network it is
                 model = model_from_checkpoint(resumed, args.resume)
                 check_classes(resumed, args.resume, num_classes)
-                extra = {k: resumed[k] for k in ("cfg_mask", "source", "data") if k in resumed}
+                extra = {k: resumed[k] for k in ("cfg_mask", "source") if k in resumed}
+            extra["data"] = data
             model.to(device)
             if dist.is_main:
                 announce_device(args, device)
-            say(f"{model.arch} cfg {model.cfg}: {count_params(model):,} parameters, on {device}"
+            say(f"{model.arch} cfg {describe_cfg(model.cfg)}: {count_params(model):,} parameters, on {device}"
                 + (f", {dist.world_size} processes" if dist.enabled else ""))
             if args.channels_last:
                 model = model.to(memory_format=torch.channels_last)
@@ -255,15 +275,49 @@ def keep_metrics(path: Path, epochs_done: int) -> None:
     write_text(path, "".join(r + "\n" for r in rows))
 
 
+def load_init(model: nn.Module, path: Path) -> None:
+    """``--init PATH``: the user's own weights (a state_dict, or a file holding one under
+    'state_dict' or 'model'), read safely and loaded strictly."""
+    from .checkpoint import strip_prefix
+    from .safeload import read_file
+
+    obj = read_file(path)
+    state = obj
+    if isinstance(obj, dict):
+        state = next((obj[k] for k in ("state_dict", "model", "model_state_dict")
+                      if isinstance(obj.get(k), dict)), obj)
+    if not isinstance(state, dict) or not state or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        raise CheckpointError(f"--init {path}: not a state_dict (a dict of named tensors, or a file "
+                              "holding one under 'state_dict' or 'model')")
+    try:
+        model.load_state_dict(strip_prefix(state), strict=True)
+    except RuntimeError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else first_line(e)
+        raise CheckpointError(f"--init {path}: its weights do not fit {model.arch} "
+                              f"({detail[:200]}); a different classifier needs --num-classes") from None
+
+
 def cmd_train(args) -> None:
     import models
 
-    def make_model(num_classes: int, device: torch.device):
-        options = {"num_classes": num_classes}
-        if args.depth is not None and args.cfg is None:
-            options["depth"] = args.depth
-        return models.build(args.arch, cfg=args.cfg, **options), {
-            "data": {"dataset": args.dataset, "data_root": str(args.data_root) if args.data_root else None}}
+    def make_model(num_classes: int, device: torch.device, data: dict):
+        if args.num_classes is not None and args.num_classes != num_classes:
+            raise SlimmingError(f"--num-classes {args.num_classes}, but the dataset has "
+                                f"{num_classes} classes")
+        if models.external.is_external(args.arch):
+            size = data.get("image_size") or 32
+            model = models.build(args.arch, num_classes=num_classes, kwargs=args.model_kwargs,
+                                 input_size=[3, size, size])
+        else:
+            options = {"num_classes": num_classes}
+            if args.depth is not None and args.cfg is None:
+                options["depth"] = args.depth
+            model = models.build(args.arch, cfg=args.cfg, **options)
+        if args.init is not None:
+            load_init(model, args.init)
+        return model, {}
 
     run_training(args, make_model)
 
@@ -272,12 +326,11 @@ def cmd_finetune(args) -> None:
     ckpt, model = read_checkpoint(args, args.checkpoint)  # on the CPU; the run moves it
     default_data(args, ckpt)
 
-    def make_model(num_classes: int, device: torch.device):
+    def make_model(num_classes: int, device: torch.device, data: dict):
         check_classes(ckpt, args.checkpoint, num_classes)
         source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"),
                   "source_acc": ckpt.get("source_acc")}
-        data = {"dataset": args.dataset, "data_root": str(args.data_root) if args.data_root else None}
-        return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source, "data": data}
+        return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source}
 
     run_training(args, make_model)
 
@@ -344,7 +397,11 @@ def cmd_prune(args) -> None:
     print(f"channels {before} -> {after} ({100 * (before - after) / before:.1f}% removed; "
           f"|gamma| threshold {thr})")
     print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
-    print(f"cfg {result.cfg}")
+    if isinstance(result.cfg, dict):  # a traced network: its widths per BatchNorm, in the file
+        changed = sum(1 for _, b, a in table if a != b)
+        print(f"widths of {changed} of {len(table)} BatchNorm layers changed (the file's cfg)")
+    else:
+        print(f"cfg {result.cfg}")
     for note in prune_warnings(model, result, args.min_channels):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
     source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"), "epoch": ckpt.get("epoch")}
@@ -355,17 +412,22 @@ def cmd_prune(args) -> None:
     print(f"saved {out}")
 
 
+def input_size_of(model: nn.Module) -> tuple[int, ...]:
+    """The (C, H, W) the model was trained at, when it says; else CIFAR's 3x32x32."""
+    return tuple(getattr(model, "input_size", None) or (3, 32, 32))
+
+
 def cmd_stats(args) -> None:
     from .stats import check_input_size, format_stats, model_stats
 
     device = device_for(args)
     paths = [args.checkpoint] + ([args.compare] if args.compare else [])
     loaded = [read_checkpoint(args, path, device)[1] for path in paths]
+    size = args.input_size or input_size_of(loaded[0])
     for model in loaded:
-        check_input_size(model, args.input_size)
+        check_input_size(model, size)
     announce_device(args, device)
-    results = [model_stats(model.to(device).eval(), args.input_size, repeats=args.repeats)
-               for model in loaded]
+    results = [model_stats(model.to(device).eval(), size, repeats=args.repeats) for model in loaded]
     if args.json:
         print(json.dumps({str(p): r for p, r in zip(paths, results)}, indent=1))
         return
@@ -402,8 +464,9 @@ def cmd_export(args) -> None:
     check_output(args.out, args.overwrite, flag="--out")
     device = device_for(args)
     _, model = read_checkpoint(args, args.checkpoint, device)
-    check_input_size(model, args.input_size)
-    diff = export_model(model, args.out, args.format, args.input_size, atol=args.atol)
+    size = args.input_size or input_size_of(model)
+    check_input_size(model, size)
+    diff = export_model(model, args.out, args.format, size, atol=args.atol)
     announce_device(args, device)
     print(f"exported {args.out} ({args.format}, on {device}); largest difference from PyTorch on "
           f"a random batch: {diff:.3g} (tolerance {args.atol:g})")
@@ -414,7 +477,7 @@ def cmd_report(args) -> None:
     from .report import build_report, write_report
 
     device = device_for(args)
-    report = build_report(args.run, args.repeats, device)
+    report = build_report(args.run, args.repeats, device, getattr(args, "arch", None))
     announce_device(args, device)
     written = write_report(report, args.run)
     print("wrote " + ", ".join(str(p) for p in written))

@@ -17,6 +17,8 @@ from collections.abc import Callable
 
 import torch.distributed as torch_dist
 
+from models.external import is_user_code
+
 from .commands import check_output, cmd_eval, cmd_finetune, cmd_prune, cmd_report, cmd_train, device_for
 from .distributed import DistInfo, distributed_session
 from .errors import SlimmingError
@@ -42,6 +44,10 @@ def run_pipeline(args: argparse.Namespace) -> None:
     root = args.save
     check_output(root / "x", False)  # only refuses a --save that is a file or unwritable
     device = device_for(args)
+
+    # the later stages read checkpoints, which name their arch; your own code's arch is run
+    # only when named, so it is named again for them
+    arch = args.arch if is_user_code(args.arch) else None
 
     def stage(name: str, **changes) -> argparse.Namespace:
         ns = copy.copy(args)
@@ -75,20 +81,20 @@ def run_pipeline(args: argparse.Namespace) -> None:
             if pruned.exists():
                 print(f"{pruned} exists: skipping")
             else:
-                cmd_prune(stage("pruned", checkpoint=root / "sparse" / "best.pth", arch=None, depth=None))
+                cmd_prune(stage("pruned", checkpoint=root / "sparse" / "best.pth", arch=arch, depth=None))
             if not evaluated.exists():
-                m = cmd_eval(stage("pruned", checkpoint=pruned, arch=None, depth=None))
+                m = cmd_eval(stage("pruned", checkpoint=pruned, arch=arch, depth=None))
                 write_text(evaluated, json.dumps({"acc": m["acc"], "loss": m["loss"], "count": m["count"]}))
 
         on_main(dist, prune_and_evaluate)
         say("== fine-tune ==")
-        cmd_finetune(stage("finetuned", checkpoint=pruned, arch=None, depth=None, sparsity=0.0,
+        cmd_finetune(stage("finetuned", checkpoint=pruned, arch=arch, depth=None, sparsity=0.0,
                            epochs=args.finetune_epochs or args.epochs,
                            lr=args.finetune_lr or args.lr))
 
         def report() -> None:
             print("== report ==")
             cmd_report(argparse.Namespace(run=root, repeats=args.repeats, cpu=args.cpu,
-                                          device=args.device))
+                                          device=args.device, arch=arch))
 
         on_main(dist, report)

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models import describe_cfg
+
 from . import plots
 from .checkpoint import load_checkpoint, model_from_checkpoint
 from .errors import SlimmingError
@@ -155,7 +157,7 @@ def _stage_checkpoint(folder: Path) -> Path | None:
 
 
 def build_report(run: str | Path, latency_repeats: int = 10,
-                 device: str | torch.device = "cpu") -> dict:
+                 device: str | torch.device = "cpu", arch: str | None = None) -> dict:
     """Gather the figures of a run folder: per stage accuracy, parameters, FLOPs, latency on
     ``device`` (batch 1 and 64), the per-layer channels kept, the gammas and the training curves.
     Bad input raises SlimmingError with one line naming the file (see the module docstring)."""
@@ -171,7 +173,7 @@ def build_report(run: str | Path, latency_repeats: int = 10,
         path = _stage_checkpoint(run / name)
         if path is None:
             continue
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, arch=arch)  # arch: a network of your own code, named
         model = model_from_checkpoint(ckpt, path).eval()
         models[name] = model
         acc = _number(ckpt.get("best_acc", ckpt.get("acc")))
@@ -241,7 +243,7 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
         lat = s["latency_ms"]
         md.append(f"| {name} | {acc} | {s['params'] / 1e6:.3f}M | {s['flops']:.3e} | "
                   f"{lat.get(1, float('nan')):.2f} ms | {lat.get(64, float('nan')):.2f} ms | "
-                  f"`{s['cfg']}` |")
+                  f"`{describe_cfg(s['cfg'])}` |")
     before = stages.get("sparse") or stages.get("baseline")
     after = stages.get("finetuned") or stages.get("pruned")
     if before and after and before is not after:

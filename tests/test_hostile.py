@@ -150,6 +150,16 @@ def zoo(tmp_path_factory):
            arch="preresnet", depth=11)
     forged(d, "selectdup.pth", lambda c: c["state_dict"]["layer2.0.select.index"].zero_(),
            arch="preresnet", depth=11)
+    external = models.build("torchvision:mobilenet_v2", num_classes=10, kwargs={"width_mult": 0.25})
+    for name, edit in [("extusercode", put("arch", "os:system")),
+                       ("extunknown", put("arch", "torchvision:no_such_net")),
+                       ("extweights", lambda c: c["options"]["kwargs"].__setitem__("weights", "DEFAULT")),
+                       ("exthugeint", lambda c: c["options"]["kwargs"].__setitem__("width_mult", 10**6)),
+                       ("extcfg", put("cfg", {"features.0.1": 999}))]:
+        ckpt = checkpoint_dict(external)  # options are copied, not shared with the model
+        edit(ckpt)
+        ckpt["checksum"] = checksum(ckpt)
+        torch.save(ckpt, d / f"{name}.pth")
     paper = {"state_dict": model.state_dict(), "cfg": 5, "epoch": None}
     raw(d, "papercfg.pth", paper)
     (d / "afile").write_text("I am a file")
@@ -188,6 +198,8 @@ CHECKPOINTS = [
     ("cfgmasks", "cfg_mask"), ("archint", "'arch'"), ("archunknown", "'arch'"),
     ("epochneg", "'epoch'"), ("accstr", "'acc'"), ("resdepth", "depth"),
     ("selectoob", "select.index"), ("selectdup", "select.index"),
+    ("extusercode", "your own code"), ("extunknown", "no_such_net"), ("extweights", "nothing downloads"),
+    ("exthugeint", "numbers above"), ("extcfg", "its cfg says"),
 ]
 CASES = [(f"prune-{name}", ["prune", "--checkpoint", f"{{f}}/{name}.pth", "--percent", "0.5",
                             "--save", "{o}", "--cpu"], needle) for name, needle in CHECKPOINTS]
@@ -280,6 +292,22 @@ CASES += [
     ("train-depth-resnet-huge", ["train", "--arch", "resnet", "--depth", str(9 * 10**8 + 2), "--save",
                                  "{o}", *SYN], "depth"),
     ("train-arch", ["train", "--arch", "alexnet", "--save", "{o}", *SYN], "unknown arch"),
+    ("train-arch-torchvision", ["train", "--arch", "torchvision:no_such_net", "--save", "{o}", *SYN],
+     "no model"),
+    ("train-arch-module", ["train", "--arch", "no_such_package:net", "--save", "{o}", *SYN], "cannot import"),
+    ("train-external-cfg", ["train", "--arch", "torchvision:resnet18", "--cfg", "8,M,8", "--save", "{o}",
+                            *SYN], "--model-kwargs"),
+    ("train-model-kwargs-list", ["train", "--arch", "torchvision:resnet18", "--model-kwargs", "[1]",
+                                 "--save", "{o}", *SYN], "JSON object"),
+    ("train-model-kwargs-weights", ["train", "--arch", "torchvision:resnet18", "--model-kwargs",
+                                    '{{"weights": "DEFAULT"}}', "--save", "{o}", *SYN], "nothing downloads"),
+    ("train-model-kwargs-family", ["train", "--model-kwargs", '{{"a": 1}}', "--save", "{o}", *SYN],
+     "shipped families"),
+    ("train-init-missing", ["train", "--init", "{f}/missing.pth", "--save", "{o}", *SYN], "no such file"),
+    ("train-init-evil", ["train", "--init", "{f}/evil.pth", "--save", "{o}", *SYN], "refused"),
+    ("train-init-mismatch", ["train", "--init", "{f}/good.pth", "--save", "{o}", *SYN], "do not fit"),
+    ("train-num-classes", ["train", "--num-classes", "7", "--cfg", "8,M,8,M,8,M,8,M,8", "--save", "{o}",
+                           *SYN], "--num-classes 7"),
     ("train-amp-dtype", ["train", "--amp-dtype", "bfloat16", "--save", "{o}", *SYN], "--amp"),
     ("train-deterministic", ["train", "--deterministic", "--save", "{o}", *SYN], "--seed"),
     ("train-save-is-file", ["train", "--save", "{f}/afile", *SYN], "is a file"),
