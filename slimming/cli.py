@@ -138,6 +138,12 @@ def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "ci
                    help="fast: decoded images held in memory (on the GPU when training there), "
                    "augmented a whole batch at a time; torchvision: Dataset + DataLoader")
     g.add_argument("--workers", type=count, default=2, help="DataLoader workers (torchvision loader)")
+    g.add_argument("--image-size", type=_number(int, 1, True, "in [1, 8000]", high=8001), default=None,
+                   metavar="N", help="train and evaluate on NxN images (default: the checkpoint's; "
+                   "else 32 for the shipped CIFAR networks and for 32x32 images, 224 for others)")
+    g.add_argument("--norm", choices=("dataset", "imagenet"), default=None,
+                   help="per-channel normalisation: the training images' mean and std (measured "
+                   "once, cached) or ImageNet's (default: the checkpoint's; else dataset)")
 
 
 def add_model_flags(p: argparse.ArgumentParser, default: str | None, build: bool = False) -> None:

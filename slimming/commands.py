@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import sys
@@ -100,38 +101,59 @@ def trained_on(ckpt: dict) -> dict:
 
 
 def default_data(args, ckpt: dict) -> None:
-    """``--dataset``/``--data-root`` not given: the checkpoint's, else cifar10 (the default)."""
-    if args.dataset is not None:
-        return
+    """Data flags not given: the checkpoint's (dataset, root, image size, normalisation), else
+    cifar10. An image-folder checkpoint from before slimming measured a folder's own mean and
+    std was normalised with CIFAR-10's: it gets those again."""
+    from .data import STATS
+
     known = trained_on(ckpt)
-    args.dataset = known.get("dataset", "cifar10")
-    if args.data_root is None and known.get("data_root"):
+    same = args.dataset is None or args.dataset == known.get("dataset")
+    if args.dataset is None:
+        args.dataset = known.get("dataset", "cifar10")
+    if args.data_root is None and same and known.get("data_root"):
         args.data_root = Path(known["data_root"])
+    record = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
+    if args.image_size is None and same and isinstance(record.get("image_size"), int):
+        args.image_size = record["image_size"]
+    if args.norm is None and same:
+        mean, std = record.get("mean"), record.get("std")
+        if _three_floats(mean) and _three_floats(std):
+            args.norm = (tuple(mean), tuple(std))
+        elif args.dataset == "imagefolder" and known:
+            args.norm = STATS["cifar10"]
 
 
-def loaders(args, device: torch.device, dist: DistInfo | None = None):
+def _three_floats(v) -> bool:
+    return isinstance(v, list) and len(v) == 3 and all(isinstance(x, float) and math.isfinite(x) for x in v)
+
+
+def loaders(args, device: torch.device, dist: DistInfo | None = None, image_size: int | None = None):
+    """The data the flags ask for; ``image_size`` is the network's own when it takes only one
+    (the shipped CIFAR families: 32) and no --image-size was given."""
     from .data import build_loaders
 
     dist = dist or DistInfo()
     return build_loaders(args.dataset, args.data_root, args.batch_size, max(args.workers, 0),
                          args.download, getattr(args, "seed", None), device.type == "cuda",
                          loader=args.loader, device=device, rank=dist.rank,
-                         world_size=dist.world_size)
+                         world_size=dist.world_size, image_size=args.image_size or image_size,
+                         norm=args.norm or "dataset")
+
+
+def native_size(arch: str | None) -> int | None:
+    """32 for the shipped CIFAR families (they take nothing else); None (the data decides)
+    for any other network."""
+    import models
+
+    return 32 if arch in models.ARCHS else None
 
 
 def data_record(args, train_loader) -> dict:
     """What a checkpoint records of the data it was trained on, so that eval, sweep and
-    finetune can default to it: dataset, root, image size and normalisation."""
+    finetune can default to it: dataset, root, image size, resize recipe, mean and std."""
     record = {"dataset": args.dataset, "data_root": str(args.data_root) if args.data_root else None}
-    for key in ("image_size", "norm"):
-        value = getattr(train_loader, key, getattr(args, key, None))
-        if value is not None:
-            record[key] = value
-    for key in ("mean", "std"):
-        value = getattr(train_loader, key, None)
-        if value is not None:
-            record[key] = [float(v) for v in torch.as_tensor(value).flatten()]
-    return record
+    info = getattr(train_loader, "info", None)
+    return {**record, **info.as_dict()} if info is not None else record
 
 
 def check_classes(ckpt: dict, path, num_classes: int) -> None:
@@ -169,11 +191,13 @@ def resume_checkpoint(args) -> dict | None:
     return ckpt
 
 
-def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module, dict]]) -> None:
+def run_training(args, make_model: Callable[[int, torch.device, dict], tuple[nn.Module, dict]],
+                 native: int | None = None) -> None:
     """Everything ``train`` and ``finetune`` share: devices, torchrun, data, resume, the loop.
 
     ``make_model(num_classes, device, data)`` gives the starting network and extra checkpoint
-    fields (``data``: what ``data_record`` says of the training data).
+    fields (``data``: what ``data_record`` says of the training data). ``native``: the only
+    image size the network takes, if it has one (see ``native_size``).
     Rank 0 holds the ``--save`` folder's run lock from before it checks the folder (when the
     folder exists) until the end.
     """
@@ -196,7 +220,7 @@ def run_training(args, make_model: Callable[[int, torch.device], tuple[nn.Module
                 say(f"nothing to do: {args.save} already holds {resumed['epoch']} of {args.epochs} epochs")
                 return
             seed_everything(args.seed, args.deterministic)
-            train_loader, test_loader, num_classes = loaders(args, device, dist)
+            train_loader, test_loader, num_classes = loaders(args, device, dist, native)
             data = data_record(args, train_loader)
             if resumed is None:
                 model, extra = make_model(num_classes, device, data)
@@ -319,7 +343,7 @@ def cmd_train(args) -> None:
             load_init(model, args.init)
         return model, {}
 
-    run_training(args, make_model)
+    run_training(args, make_model, native_size(args.arch))
 
 
 def cmd_finetune(args) -> None:
@@ -332,7 +356,7 @@ def cmd_finetune(args) -> None:
                   "source_acc": ckpt.get("source_acc")}
         return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source}
 
-    run_training(args, make_model)
+    run_training(args, make_model, native_size(ckpt["arch"]))
 
 
 # --------------------------------------------------------------------------- the other commands
@@ -343,7 +367,7 @@ def cmd_eval(args) -> dict:
     device = device_for(args)
     ckpt, model = read_checkpoint(args, args.checkpoint, device)
     default_data(args, ckpt)
-    _, test_loader, num_classes = loaders(args, device)
+    _, test_loader, num_classes = loaders(args, device, image_size=native_size(ckpt["arch"]))
     check_classes(ckpt, args.checkpoint, num_classes)
     announce_device(args, device)
     m = evaluate(model.to(device), test_loader, device)
@@ -445,7 +469,7 @@ def cmd_sweep(args) -> None:
     device = device_for(args)
     ckpt, model = read_checkpoint(args, args.checkpoint, device)
     default_data(args, ckpt)
-    _, test_loader, num_classes = loaders(args, device)
+    _, test_loader, num_classes = loaders(args, device, image_size=native_size(ckpt["arch"]))
     check_classes(ckpt, args.checkpoint, num_classes)
     announce_device(args, device)
     rows = sweep(model.to(device).eval(), test_loader, device, percents, args.min_channels)

@@ -1,12 +1,13 @@
-"""Reading image files safely: listing an image folder and decoding its 32x32 images.
+"""Reading image files safely: listing an image folder and decoding its images, of any size.
 
 - ``list_images(folder)`` lists ``folder/<class>/**/<image>`` with torchvision ImageFolder's
   classes, order and extensions, following symlinks to folders elsewhere but never into a folder
   already listed or one above it (ImageFolder's ``os.walk(followlinks=True)`` lists a loop's
   images again at every level, exponentially with two loops).
-- ``read_image(path)`` decodes one image into uint8 RGB (3, 32, 32) with PIL, after reading its
-  size from the header: a small file whose header claims 60000x60000 pixels is refused before
-  anything is decoded. ``check_image(path)`` reads the header only.
+- ``read_image(path)`` decodes one image of any size and mode into uint8 RGB (3, H, W) with PIL,
+  after reading its size from the header: a header claiming more than ``MAX_PIXELS`` pixels (a
+  small file claiming 60000x60000 pixels: a decompression bomb) is refused before anything is
+  decoded. ``check_image(path)`` reads the header only and returns the size it claims.
 
 Every problem is one ``ImageError`` line naming the file and what to do, also when it is raised
 in a DataLoader worker process (see ``ImageError``).
@@ -31,7 +32,11 @@ from .errors import DataError, first_line
 # the PIL formats those names stand for: PIL may open nothing else, whatever the file holds
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 FORMATS = ("BMP", "JPEG", "PNG", "PPM", "TIFF", "WEBP")
-SIZE = (32, 32)  # (width, height) the networks take
+SIZE = (32, 32)  # (width, height) of CIFAR images, the size the four shipped networks take
+# the most pixels an image's header may claim: 64 megapixels (an 8000x8000 photo) decode to 192 MB
+# of RGB; PIL itself only warns from 89 megapixels and refuses from 179
+MAX_PIXELS = 64_000_000
+RESIZE_HINT = "resize it (to 224x224, or 32x32 for the CIFAR networks) or remove it"
 
 
 def shown(path: str | os.PathLike) -> str:
@@ -42,7 +47,7 @@ def shown(path: str | os.PathLike) -> str:
 
 
 class ImageError(DataError):
-    """A file that is not a usable 32x32 image: one line naming it.
+    """A file that is not a usable image: one line naming it.
 
     Raised in a DataLoader worker process, an exception reaches the main process re-created as
     ``type(e)(text)``, where the text is "Caught ImageError in DataLoader worker process N.",
@@ -173,7 +178,12 @@ def _rgb8(im) -> np.ndarray:
     return np.array(im.convert("RGB"))  # L, P, 1, LA, PA, RGBA, CMYK, YCbCr, ...
 
 
-def _read(path: str | os.PathLike, decode: bool) -> torch.Tensor | None:
+def _bomb(path, claim: str) -> ImageError:
+    return ImageError(f"{shown(path)}: its header claims {claim} pixels, over the limit of "
+                      f"{MAX_PIXELS:,} (a decompression bomb?); {RESIZE_HINT}")
+
+
+def _read(path: str | os.PathLike, decode: bool) -> tuple[tuple[int, int], torch.Tensor | None]:
     Image = _pil()
     try:
         # O_NONBLOCK: a FIFO named x.png would otherwise block here forever; fstat then refuses it
@@ -189,9 +199,9 @@ def _read(path: str | os.PathLike, decode: bool) -> torch.Tensor | None:
                 # PIL only warns for 1-2x its pixel limit: an error here, so one line, no warning
                 warnings.simplefilter("error", Image.DecompressionBombWarning)
                 with Image.open(f, formats=FORMATS) as im:  # reads the header only
-                    if im.size != SIZE:
-                        raise ImageError(f"{shown(path)}: images must be 32x32 for these networks, "
-                                         f"this one is {im.size[0]}x{im.size[1]}; resize it first")
+                    width, height = size = im.size
+                    if width * height > MAX_PIXELS:
+                        raise _bomb(path, f"{width}x{height} = {width * height:,}")
                     pixels = _rgb8(im) if decode else None
         except ImageError:
             raise
@@ -200,23 +210,26 @@ def _read(path: str | os.PathLike, decode: bool) -> torch.Tensor | None:
                              f"({', '.join(FORMATS)}); remove or replace it") from None
         except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
             found = re.search(r"\((\d+) pixels\)", str(e))
-            claim = f"{int(found.group(1)):,} pixels" if found else "a huge image"
-            raise ImageError(f"{shown(path)}: images must be 32x32 for these networks, this one "
-                             f"claims {claim} (a decompression bomb?); resize it first") from None
+            raise _bomb(path, f"{int(found.group(1)):,}" if found else "too many") from None
         except _bad_file_errors() as e:
             raise ImageError(f"{shown(path)}: cannot decode this image ({first_line(e)}); "
                              "remove or replace it") from None
-    return None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
+    if pixels is not None and pixels.shape != (height, width, 3):  # a decoder that lied
+        raise ImageError(f"{shown(path)}: decoded to {pixels.shape[1]}x{pixels.shape[0]} pixels "
+                         f"although its header says {width}x{height}; remove or replace it")
+    return size, None if pixels is None else torch.from_numpy(pixels).permute(2, 0, 1)
 
 
-def check_image(path: str | os.PathLike) -> None:
-    """Raise ImageError unless ``path`` is a regular file whose header says a 32x32 image in one
-    of ``FORMATS``. Reads the header only (a few microseconds)."""
-    _read(path, decode=False)
+def check_image(path: str | os.PathLike) -> tuple[int, int]:
+    """``(width, height)`` from the header of the image at ``path``; raise ImageError unless it
+    is a regular file in one of ``FORMATS`` claiming at most ``MAX_PIXELS`` pixels. Reads the
+    header only (tens of microseconds)."""
+    return _read(path, decode=False)[0]
 
 
 def read_image(path: str | os.PathLike) -> torch.Tensor:
-    """Decode the 32x32 image at ``path`` to uint8 RGB (3, 32, 32) (a view of a fresh array):
-    size checked from the header first; gray, palette and alpha images converted, 16-bit ones
-    reduced as ``v >> 8`` (see ``_rgb8``). Every problem is one ImageError line."""
-    return _read(path, decode=True)
+    """Decode the image at ``path``, of any size, to uint8 RGB (3, H, W) (a view of a fresh
+    array): size checked from the header first (at most ``MAX_PIXELS``); gray, palette and alpha
+    images converted, 16-bit ones reduced as ``v >> 8`` (see ``_rgb8``). Every problem is one
+    ImageError line."""
+    return _read(path, decode=True)[1]

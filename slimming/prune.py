@@ -281,6 +281,9 @@ def _prune_traced(model, percent, threshold, min_channels, importance, example, 
     from . import surgery
     from .graph import trace
 
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
+                            "slimming scores channels by their BatchNorm scale factors)")
     graph = trace(model, example, tuple(ignore))
     groups = [g for g in graph.groups() if g.prunable]
     masks, threshold, guarded = select([importance(model, g).float().cpu() for g in groups],

@@ -24,6 +24,12 @@ from slimming.data import (
 MEAN, STD = STATS["cifar10"]
 
 
+@pytest.fixture(autouse=True)
+def own_cache_home(tmp_path, monkeypatch):
+    """Caches written without a cache_dir go under tmp_path, not the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
 def distinct_images(n: int, seed: int = 0) -> torch.Tensor:
     """n random uint8 images (n, 3, 32, 32) with no zero pixel, so padding is recognisable."""
     g = torch.Generator().manual_seed(seed)
@@ -36,8 +42,10 @@ def loader(n: int = 64, batch_size: int = 16, train: bool = True, seed: int = 0,
                         std=STD, seed=seed, **kw)
 
 
-def unnormalize(x: torch.Tensor) -> torch.Tensor:
-    mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+def unnormalize(x: torch.Tensor, info=None) -> torch.Tensor:
+    """uint8 pixels of normalised images: with CIFAR-10's mean and std, or ``info``'s."""
+    mean, std = (MEAN, STD) if info is None else (info.mean, info.std)
+    mean, std = torch.tensor(mean).view(1, 3, 1, 1), torch.tensor(std).view(1, 3, 1, 1)
     return ((x * std + mean) * 255).round().to(torch.uint8)
 
 
@@ -220,9 +228,10 @@ def test_a_changed_folder_rebuilds_the_cache(tmp_path, counted_decode):
     changed = root / "test" / "ant" / "0.png"
     save(changed, np.full((32, 32, 3), 7, dtype=np.uint8))
     os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
-    x, y = epoch(build_fast(root, cache)[1])
+    test = build_fast(root, cache)[1]
+    x, y = epoch(test)
     assert len(counted_decode) == 18
-    assert torch.equal(unnormalize(x[:1]), torch.full((1, 3, 32, 32), 7, dtype=torch.uint8))  # ant 1st
+    assert torch.equal(unnormalize(x[:1], test.info), torch.full((1, 3, 32, 32), 7, dtype=torch.uint8))
     counted_decode.clear()
     touched = root / "train" / "ant" / "1.png"  # same bytes, new mtime
     os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
@@ -233,6 +242,7 @@ def test_a_changed_folder_rebuilds_the_cache(tmp_path, counted_decode):
     train, _, _ = build_fast(root, cache)
     assert len(counted_decode) == 19 and train.dataset_size == 10
     assert len(list(cache.glob("*.pt"))) == 1  # rewritten in place, not piled up
+    assert len(list(cache.glob("*.info"))) == 1
 
 
 def test_a_corrupt_cache_is_rebuilt(tmp_path, counted_decode):
@@ -304,20 +314,27 @@ def test_imagefolder_errors(tmp_path, kind):
     (empty / "train" / "void").mkdir()
     with pytest.raises(DataError, match="void"):
         build(empty)
-    big = tmp_path / "big"
-    for split in ("train", "test"):
-        save(big / split / "a" / "0.png", np.zeros((40, 40, 3), dtype=np.uint8))
-    with pytest.raises(DataError, match="32x32.*40x40"):
-        build(big)
+    no_test = tmp_path / "no_test"
+    save(no_test / "train" / "a" / "0.png", np.zeros((40, 40, 3), dtype=np.uint8))
+    with pytest.raises(DataError, match="no test/ or val/ folder"):
+        build(no_test)
     with pytest.raises(DataError, match="--data-root"):
         build_loaders("imagefolder", None, loader=kind)
 
 
-def test_fast_loader_checks_every_image_size(tmp_path):
+def test_one_image_of_another_size_leaves_the_fast_loader(tmp_path, capsys):
+    """Every header is read: a single 40x32 image among 32x32 ones makes the default size 224
+    and sends the folder to the DataLoader path, saying so in one line."""
     root = make_folder(tmp_path / "images")
     save(root / "train" / "zebra" / "9.png", np.zeros((32, 40, 3), dtype=np.uint8))
-    with pytest.raises(DataError, match="9.png.*40x32"):
-        build_fast(root, tmp_path / "cache")
+    capsys.readouterr()
+    train, test, _ = build_fast(root, tmp_path / "cache")
+    notice = [line for line in capsys.readouterr().err.splitlines() if "DataLoader path" in line]
+    assert len(notice) == 1 and "2 sizes (from 32x32 to 40x32)" in notice[0], notice
+    assert not isinstance(train, TensorLoader) and train.info.loader == "torchvision"
+    assert train.info.image_size == 224 and next(iter(test))[0].shape == (9, 3, 224, 224)
+    with pytest.raises(DataError, match="9.png: 40x32 pixels, but"):
+        decode_imagefolder(root, tmp_path / "cache")  # the fast loader's decode needs one size
 
 
 def test_unknown_loader_or_dataset():

@@ -22,6 +22,12 @@ from slimming.images import check_image, list_images, read_image
 from slimming.safeload import checksum
 
 
+@pytest.fixture(autouse=True)
+def own_cache_home(tmp_path, monkeypatch):
+    """Caches written without a cache_dir go under tmp_path, not the user's ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
 def save(path: Path, pixels: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(pixels).save(path)
@@ -88,9 +94,9 @@ def test_extensions_are_imagefolders():
 @pytest.mark.parametrize("kind", ["fast", "torchvision"])
 @pytest.mark.parametrize("size, claim", [((60000, 60000), "3,600,000,000 pixels"),  # PIL: error
                                          ((10000, 10000), "100,000,000 pixels"),  # PIL: warning
-                                         ((40, 33), "40x33")])
-def test_a_header_claiming_another_size_is_refused_before_decoding(tmp_path, kind, size, claim,
-                                                                    monkeypatch):
+                                         ((9000, 8000), "9000x8000 = 72,000,000 pixels")])  # ours
+def test_a_header_claiming_too_many_pixels_is_refused_before_decoding(tmp_path, kind, size, claim,
+                                                                      monkeypatch):
     root = make_folder(tmp_path / "images")
     bad = root / "test" / "bee" / "zz.png"  # the last file: every image is checked, not the first
     bad.write_bytes(png(*size, 8, 2, b"\0" * 100))  # a 200-byte file
@@ -110,17 +116,19 @@ def test_a_header_claiming_another_size_is_refused_before_decoding(tmp_path, kin
     assert time.perf_counter() - start < 10
     assert not [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
     text = one_line(e)
-    assert text.startswith(f"{bad}: images must be 32x32") and claim in text and "resize" in text
+    assert text.startswith(f"{bad}: its header claims {claim}") and "decompression bomb" in text
+    assert f"over the limit of {images.MAX_PIXELS:,}" in text and "resize" in text
 
 
 def test_size_is_checked_from_the_header_before_any_decoding(tmp_path, monkeypatch):
     path = tmp_path / "wide.png"
-    save(path, np.zeros((32, 40, 3), dtype=np.uint8))
+    path.write_bytes(png(64001, 1000, 8, 2, b"\0" * 100))  # 64,001,000 pixels: one too many rows
     monkeypatch.setattr(images, "_rgb8", lambda im: pytest.fail("decoded"))
-    with pytest.raises(DataError, match="this one is 40x32"):
-        read_image(path)
-    with pytest.raises(DataError, match="this one is 40x32"):
-        check_image(path)
+    for read in (read_image, check_image):
+        with pytest.raises(DataError, match="64001x1000 = 64,001,000 pixels, over the limit"):
+            read(path)
+    path.write_bytes(png(64000, 1000, 8, 2, b"\0" * 100))  # at the limit: the header passes
+    assert check_image(path) == (64000, 1000)
 
 
 @pytest.mark.parametrize("kind", ["fast", "torchvision"])
@@ -519,5 +527,5 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path, capsys):
                      "--data-root", str(root), "--loader", kind, "--epochs", "1", "--cpu",
                      "--save", str(tmp_path / f"run-{kind}")])
         err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and err[-1].startswith(f"slimming train: error: {bad}: images must be 32x32")
+        assert code == 2 and err[-1].startswith(f"slimming train: error: {bad}: its header claims")
         assert not any("Traceback" in line for line in err)
