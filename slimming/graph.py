@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import fx, nn
-from torch.fx.passes.shape_prop import ShapeProp
 
 from .errors import SlimmingError, first_line
 
@@ -135,8 +134,7 @@ def _where(node: fx.Node) -> str:
 
 
 def _shape(node) -> tuple[int, ...] | None:
-    meta = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
-    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
+    return node.meta.get("shape") if isinstance(node, fx.Node) else None
 
 
 class ChannelGraph:
@@ -227,7 +225,7 @@ def trace(model: nn.Module, example_inputs: torch.Tensor, ignore: tuple[str, ...
     """Trace ``model`` (left unchanged) on ``example_inputs`` (N, C, H, W) and build its channel
     graph. ``ignore``: qualified names of modules whose channels must all be kept. Raises
     GraphError (one line, naming the module and the op) for what it cannot follow."""
-    was_training = model.training
+    was_training, before = model.training, set(vars(model))
     model.eval()  # a traced forward with BN statistics frozen; batch 1 is fine
     try:
         try:
@@ -235,28 +233,102 @@ def trace(model: nn.Module, example_inputs: torch.Tensor, ignore: tuple[str, ...
         except Exception as e:  # fx raises many kinds for untraceable Python: all mean the same
             raise GraphError(f"torch.fx cannot trace {type(model).__name__}'s forward "
                              f"({first_line(e, 160)}); slimming prunes traceable models") from None
-        gm = fx.GraphModule(model, graph)
         try:
-            with torch.no_grad():
-                ShapeProp(gm).propagate(example_inputs)
+            with torch.no_grad():  # real tensors: at these sizes, faster than meta ones (measured)
+                _propagate(model, graph, example_inputs)
         except Exception as e:
             raise GraphError(f"{type(model).__name__} does not run on example_inputs of shape "
                              f"{tuple(example_inputs.shape)}: {first_line(e, 160)}") from None
     finally:
         model.train(was_training)
-    return _Walk(model, gm, set(ignore)).run()
+        for name in set(vars(model)) - before:  # constants fx parked on the model while tracing
+            delattr(model, name)
+    return _Walk(model, graph, set(ignore)).run()
+
+
+def structure_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
+    """A copy of ``module``'s tree of modules (each module shallow-copied, its containers
+    copied, a module shared in the tree copied once) still pointing at the same parameters and
+    buffers. A fraction of ``copy.deepcopy``'s cost, which would copy every tensor."""
+    memo = {} if memo is None else memo
+    if id(module) in memo:
+        return memo[id(module)]
+    new = module.__class__.__new__(module.__class__)
+    new.__dict__ = {k: v.copy() if isinstance(v, (dict, list, set)) else v
+                    for k, v in module.__dict__.items()}
+    memo[id(module)] = new
+    for key, child in module._modules.items():
+        new._modules[key] = None if child is None else structure_copy(child, memo)
+    return new
+
+
+def _attribute(model: nn.Module, target: str):
+    value = model
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _shape_only(m: nn.Module, args, kwargs) -> torch.Tensor | None:
+    """For the plain convolution, BatchNorm and linear layers, a tensor of the right shape
+    without their arithmetic (no later shape depends on values); None: run the module."""
+    x = args[0] if len(args) == 1 and not kwargs else None
+    if not isinstance(x, torch.Tensor):
+        return None
+    kind = type(m)
+    if kind is nn.Conv2d and m.padding_mode == "zeros" and isinstance(m.padding, tuple) \
+            and x.dim() == 4 and x.shape[1] == m.in_channels:
+        size = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in
+                zip(x.shape[2:], m.padding, m.dilation, m.kernel_size, m.stride)]
+        return x.new_zeros(x.shape[0], m.out_channels, *size) if min(size) > 0 else None
+    if kind is nn.BatchNorm2d and x.dim() == 4 and x.shape[1] == m.num_features:
+        return x
+    if kind is nn.Linear and x.dim() >= 1 and x.shape[-1] == m.in_features:
+        return x.new_zeros(*x.shape[:-1], m.out_features)
+    return None
+
+
+def _propagate(model: nn.Module, graph: fx.Graph, x: torch.Tensor) -> None:
+    """Run the traced graph once on ``x`` with the model's own modules, recording each node's
+    output shape (None for what is not one tensor) in ``node.meta["shape"]``: what fx's
+    ShapeProp does, without building and compiling a GraphModule first, and without the
+    arithmetic of plain convolutions (``_shape_only``): a few milliseconds, not a forward."""
+    env: dict[fx.Node, object] = {}
+
+    def load(a):
+        return fx.node.map_arg(a, lambda n: env[n])
+
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            value = x
+        elif node.op == "get_attr":
+            value = _attribute(model, node.target)
+        elif node.op == "call_module":
+            m, args = model.get_submodule(node.target), load(node.args)
+            value = _shape_only(m, args, node.kwargs)
+            if value is None:
+                value = m(*args, **load(node.kwargs))
+        elif node.op == "call_function":
+            value = node.target(*load(node.args), **load(node.kwargs))
+        elif node.op == "call_method":
+            obj, *rest = load(node.args)
+            value = getattr(obj, node.target)(*rest, **load(node.kwargs))
+        else:
+            value = None
+        env[node] = value
+        node.meta["shape"] = tuple(value.shape) if isinstance(value, torch.Tensor) else None
 
 
 class _Walk:
     """One pass over the traced graph, giving every tensor node its channel map."""
 
-    def __init__(self, model: nn.Module, gm: fx.GraphModule, ignore: set[str]):
-        self.gm, self.ignore = gm, ignore
+    def __init__(self, model: nn.Module, graph: fx.Graph, ignore: set[str]):
+        self.model, self.graph, self.ignore = model, graph, ignore
         self.g = ChannelGraph(model)
         self.env: dict[fx.Node, Map | None] = {}
 
     def run(self) -> ChannelGraph:
-        for node in self.gm.graph.nodes:
+        for node in self.graph.nodes:
             self.env[node] = self.visit(node)
         return self.g
 
@@ -290,7 +362,7 @@ class _Walk:
                 raise self.fail(node, "a result that is not one tensor")
             return None
         if node.op == "call_module":
-            return self.module(node, self.gm.get_submodule(node.target), shape)
+            return self.module(node, self.model.get_submodule(node.target), shape)
         return self.function(node, shape)
 
     # --------------------------------------------------------------------------- modules

@@ -10,13 +10,11 @@ of a pruned state_dict, which is how a pruned torchvision/timm checkpoint rebuil
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch import nn
 
 from .errors import CheckpointError
-from .graph import ChannelGraph, GraphError, Map
+from .graph import ChannelGraph, GraphError, Map, structure_copy
 
 BN_TENSORS = ("weight", "bias", "running_mean", "running_var")
 
@@ -48,9 +46,10 @@ def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str,
 
 
 def _keep(t: torch.Tensor | None, mask: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
+    """The kept slices of ``t`` along ``dim``, in new memory (``index_select`` copies)."""
     if t is None or mask is None:
         return t
-    return t.detach().index_select(dim, mask.nonzero().squeeze(1).to(t.device)).clone()
+    return t.detach().index_select(dim, mask.nonzero().squeeze(1).to(t.device))
 
 
 def _set(m: nn.Module, name: str, value: torch.Tensor | None, parameter: bool) -> None:
@@ -64,10 +63,8 @@ def _set(m: nn.Module, name: str, value: torch.Tensor | None, parameter: bool) -
 
 def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]]) -> nn.Module:
     """A copy of ``model`` with every module in ``masks`` cut to its kept channels; the
-    original is left untouched."""
-    new = copy.deepcopy(model)
-    for p in new.parameters():
-        p.grad = None
+    original is left untouched (no tensor is shared between the two)."""
+    new = structure_copy(model)
     for name, keep in masks.items():
         m = new.get_submodule(name)
         if isinstance(m, nn.Conv2d):
@@ -89,6 +86,14 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]]) -> nn.Modul
             _set(m, "weight", _keep(_keep(m.weight, keep.get("out")), keep.get("in"), 1), True)
             _set(m, "bias", _keep(m.bias, keep.get("out")), True)
             m.out_features, m.in_features = m.weight.shape
+    shared = {id(t) for t in (*model.parameters(), *model.buffers())}
+    for m in new.modules():  # everything not cut: its own copy, not the original's tensor
+        for key, p in list(m._parameters.items()):
+            if p is not None and id(p) in shared:
+                m._parameters[key] = nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+        for key, b in list(m._buffers.items()):
+            if b is not None and id(b) in shared:
+                m._buffers[key] = b.clone()
     return new
 
 

@@ -224,3 +224,14 @@ def test_group_scores_max_mean_and_sum():
     assert torch.equal(BNScale("sum")(model, stream), torch.full((stream.size,), 6.0))
     with pytest.raises(slimming.SlimmingError, match="unknown group score"):
         BNScale("median")
+
+
+def test_the_pruned_copy_shares_no_tensor_with_the_original():
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, 8)
+    result = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 64, 64),
+                            ignore=("layer4.1.conv2",))
+    ours = {t.data_ptr() for t in (*model.parameters(), *model.buffers()) if t.numel()}
+    theirs = {t.data_ptr() for t in (*result.model.parameters(), *result.model.buffers()) if t.numel()}
+    assert not ours & theirs
+    assert set(vars(model)) == set(vars(torchvision.models.resnet18(num_classes=10)))  # nothing parked
