@@ -79,7 +79,8 @@ def main() -> None:
         loader = test_loader(args.data_root, ckpt)
         gammas = torch.cat([m.weight.detach().abs() for m in sparse.modules()
                             if isinstance(m, torch.nn.BatchNorm2d)])
-        row = {"train_seconds": round(seconds), "sparse": {"acc": accuracy(sparse, loader), **describe(sparse)},
+        row = {"train_seconds": round(seconds),  # 0 when resumed after it finished
+               "sparse": {"acc": accuracy(sparse, loader), **describe(sparse)},
                "gamma_lt_1e-2": (gammas < 1e-2).float().mean().item(), "pruned": {}}
         for p in percents:  # the group score: max (default) against mean, no fine-tune
             scores = {}

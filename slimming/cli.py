@@ -11,7 +11,7 @@ import math
 import sys
 from pathlib import Path
 
-from . import __version__, commands
+from . import __version__, commands, runs
 from .errors import SlimmingError, TrainingError, first_line
 from .files import handle_signals
 
@@ -419,7 +419,7 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
     """What no single flag's type can see: contradictions and flags that must fit each other."""
     if hasattr(args, "cpu"):
         try:
-            commands.device_for(args)
+            runs.device_for(args)
         except SlimmingError as e:
             parser.error(str(e))
     import models
@@ -455,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(expand_config(parser, argv))
     check_args(parser, args)
-    commands.new_command()
+    runs.new_command()
     name = f"slimming {args.command}"
     with handle_signals():
         try:

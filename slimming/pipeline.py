@@ -19,10 +19,11 @@ import torch.distributed as torch_dist
 
 from models.external import is_user_code
 
-from .commands import check_output, cmd_eval, cmd_finetune, cmd_prune, cmd_report, cmd_train, device_for
+from .commands import cmd_eval, cmd_finetune, cmd_prune, cmd_report, cmd_train
 from .distributed import DistInfo, distributed_session
 from .errors import SlimmingError
 from .files import RunLock, write_text
+from .runs import check_output, device_for
 
 
 def on_main(dist: DistInfo, work: Callable[[], None]) -> None:

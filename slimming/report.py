@@ -187,7 +187,8 @@ def build_report(run: str | Path, latency_repeats: int = 10,
         epochs = ckpt.get("epoch")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or not 0 <= epochs <= MAX_EPOCH:
             epochs = None
-        stats = model_stats(model.to(device), repeats=latency_repeats)
+        size = tuple(getattr(model, "input_size", None) or (3, 32, 32))  # what it was trained at
+        stats = model_stats(model.to(device), size, repeats=latency_repeats)
         model.cpu()
         stages[name] = {"checkpoint": str(path), "acc": acc, "epochs": epochs,
                         "cfg": model.cfg, **stats}

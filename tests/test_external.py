@@ -46,6 +46,7 @@ def test_a_torchvision_model_through_every_command(trained, tmp_path, capsys):
     assert code == 0, err
     pruned = torch.load(tmp_path / "p" / "pruned.pth", weights_only=True)
     assert isinstance(pruned["cfg"], dict) and "features.2.conv.0.1" in pruned["cfg"]
+    assert pruned["data"] == ckpt["data"] and "mean" in pruned["data"]  # carried whole
     assert not any("Module" in type(v).__name__ for v in pruned.values())  # tensors and plain values
     model = load_model(tmp_path / "p" / "pruned.pth")  # rebuilt from builder + widths
     assert model.features[2].conv[0][1].num_features == pruned["cfg"]["features.2.conv.0.1"]
@@ -68,6 +69,15 @@ def test_a_torchvision_model_through_every_command(trained, tmp_path, capsys):
         code, out, err = run(capsys, "export", "--checkpoint", tmp_path / "ft" / "last.pth", "--format",
                              fmt, "--out", tmp_path / name, "--cpu")
         assert code == 0 and "largest difference" in out, err
+    import shutil
+
+    run_dir = tmp_path / "run"  # a pipeline's layout, for report
+    for stage, source in (("sparse", trained), ("pruned", tmp_path / "p"), ("finetuned", tmp_path / "ft")):
+        shutil.copytree(source, run_dir / stage)
+    code, out, err = run(capsys, "report", "--run", run_dir, "--repeats", "0", "--cpu")
+    report = json.loads((run_dir / "report.json").read_text())
+    assert code == 0 and report["stages"]["finetuned"]["params"] < report["stages"]["sparse"]["params"]
+    assert "pruned widths of 52 BatchNorm layers" in (run_dir / "report.md").read_text()
     code, out, err = run(capsys, "train", *MV2, "--epochs", "2", "--resume", "auto", "--save", trained,
                          *DATA)
     assert code == 0 and "resuming from epoch 1" in out, err

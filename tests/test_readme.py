@@ -1,19 +1,29 @@
-"""The README's Python example runs as it is (in a temporary folder) and does what it says."""
+"""The README's Python examples run as they are (in a temporary folder) and do what they say."""
 
 import re
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
 
-def test_the_python_example_runs(tmp_path, monkeypatch, capsys):
-    text = README.read_text()
-    section = text[text.index("## Python"):text.index("## Checkpoints")]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+def test_there_are_python_examples():
+    assert len(BLOCKS) >= 2
+
+
+@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
-    out = capsys.readouterr().out
-    assert "% of |gamma| under 1e-2" in out and "feature.1" in out
-    assert (tmp_path / "pruned.pth").exists()
-    assert namespace["net"].cfg == namespace["result"].cfg
+    if "sparsity.apply()" in code:  # the training loop, prune, save and reload
+        out = capsys.readouterr().out
+        assert "% of |gamma| under 1e-2" in out and "feature.1" in out
+        assert (tmp_path / "pruned.pth").exists()
+        assert namespace["net"].cfg == namespace["result"].cfg
+    if "example_inputs" in code:  # any module, pruned through its graph
+        result = namespace["result"]
+        assert result.model.classifier[1].in_features == namespace["model"].classifier[1].in_features
+        assert not result.masks["features.2.conv.0.1"].all()
