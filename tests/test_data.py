@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from slimming import data
+from slimming import data, imagefolder
 from slimming.data import (
     STATS,
     DataError,
@@ -192,13 +192,13 @@ def make_folder(root: Path, n_train: int = 3, n_test: int = 2, seed: int = 0) ->
 @pytest.fixture
 def counted_decode(monkeypatch):
     calls = []
-    real = data._decode
+    real = imagefolder._decode
 
     def decode(path):
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(data, "_decode", decode)
+    monkeypatch.setattr(imagefolder, "_decode", decode)
     return calls
 
 
@@ -216,7 +216,7 @@ def test_imagefolder_is_decoded_once_and_cached(tmp_path, counted_decode, monkey
     def broken(path):
         raise AssertionError("decoded again although the cache is valid")
 
-    monkeypatch.setattr(data, "_decode", broken)
+    monkeypatch.setattr(imagefolder, "_decode", broken)
     again = epoch(build_fast(root, cache)[1])
     assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1])
 

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from slimming import data, images
+from slimming import data, imagefolder, images
 from slimming.data import (
     IMAGENET_STATS,
     STATS,
@@ -289,12 +289,12 @@ def test_a_header_claiming_100000_by_100000_pixels_is_refused_before_decoding(tm
 def test_headers_are_read_once_for_an_unchanged_folder(tmp_path, monkeypatch):
     root, cache = mixed_folder(tmp_path / "images"), tmp_path / "cache"
     build(root, cache, 32, loader="torchvision")
-    monkeypatch.setattr(data, "check_image", lambda p: pytest.fail("read a header again"))
+    monkeypatch.setattr(imagefolder, "check_image", lambda p: pytest.fail("read a header again"))
     build(root, cache, 32, loader="torchvision")
     build_datasets("imagefolder", root, image_size=32, cache_dir=cache)
     save(root / "train" / "ant" / "new.png", np.zeros((9, 9, 3), dtype=np.uint8))
     read = []
-    monkeypatch.setattr(data, "check_image", lambda p: read.append(p) or images.check_image(p))
+    monkeypatch.setattr(imagefolder, "check_image", lambda p: read.append(p) or images.check_image(p))
     build(root, cache, 32, loader="torchvision")
     assert len(read) == 13  # the folder changed: every header again
 
@@ -305,14 +305,14 @@ def test_headers_are_read_once_for_an_unchanged_folder(tmp_path, monkeypatch):
 def measured(monkeypatch):
     """The number of images of each measurement of a mean and std."""
     counts = []
-    real = data._measure
+    real = imagefolder._measure
 
     def measure(batches):
         mean, std, n = real(batches)
         counts.append(n)
         return mean, std, n
 
-    monkeypatch.setattr(data, "_measure", measure)
+    monkeypatch.setattr(imagefolder, "_measure", measure)
     return counts
 
 
@@ -385,15 +385,15 @@ def test_a_forged_statistics_cache_is_rebuilt(tmp_path, measured, capsys):
 
 
 def test_a_large_folder_is_measured_on_a_fixed_sample(tmp_path, measured, monkeypatch):
-    monkeypatch.setattr(data, "STATS_IMAGES", 4)
+    monkeypatch.setattr(imagefolder, "STATS_IMAGES", 4)
     root = square_folder(tmp_path / "images")
     train = build(root, tmp_path / "a", loader="torchvision")[0]
     fast = build(root, tmp_path / "b")[0]
     assert measured == [4, 4] and fast.info.mean == train.info.mean  # the same 4 images
     files = sorted((root / "train").glob("*/*.png"))
-    mean, std = hand_stats([read_image(files[i]) for i in data._stats_sample(9).tolist()])
+    mean, std = hand_stats([read_image(files[i]) for i in imagefolder._stats_sample(9).tolist()])
     assert torch.allclose(torch.tensor(fast.info.std, dtype=torch.float64), std, atol=1e-9)
-    assert len(set(data._stats_sample(9).tolist())) == 4
+    assert len(set(imagefolder._stats_sample(9).tolist())) == 4
 
 
 def test_fast_and_dataloader_paths_agree_on_a_32x32_folder(tmp_path):

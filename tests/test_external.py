@@ -65,7 +65,7 @@ def test_a_torchvision_model_through_every_command(trained, tmp_path, capsys):
     code, _, err = run(capsys, "sweep", "--checkpoint", trained / "best.pth", "--percents", "0.5",
                        "--save", tmp_path / "sw", "--cpu")
     assert code == 0, err
-    for fmt, name in (("export", "m.pt2"), ("onnx", "m.onnx")):
+    for fmt, name in (("export", "m.pt2"), ("onnx", "m.onnx"), ("torchscript", "m.ts")):
         code, out, err = run(capsys, "export", "--checkpoint", tmp_path / "ft" / "last.pth", "--format",
                              fmt, "--out", tmp_path / name, "--cpu")
         assert code == 0 and "largest difference" in out, err
