@@ -38,7 +38,7 @@ from .safeload import checksum, read_file, verify_checksum
 from .structure import check_declared
 
 FORMAT, VERSION = "slimming", 1
-NUMBER_FIELDS = ("acc", "best_acc", "source_acc", "threshold", "percent")
+NUMBER_FIELDS = ("acc", "best_acc", "source_acc", "threshold", "percent", "sparsity_strength")
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -118,7 +118,7 @@ def _check_fields(ckpt: dict, path: Path) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not math.isfinite(value)):
             raise bad(field, "expected a finite number")
-    for field in ("args", "source"):
+    for field in ("args", "source", "data", "budget", "compensation"):
         if ckpt.get(field) is not None and not isinstance(ckpt[field], dict):
             raise bad(field, "expected a dict")
 

@@ -203,11 +203,32 @@ def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | N
     g = p.add_argument_group("sparsity")
     g.add_argument("--sparsity", type=nonneg_float, default=0.0, metavar="S",
                    help="L1 strength on BN gammas (0 = off; the paper uses 1e-4 for VGG)")
+    g.add_argument("--sparsity-target", type=_number(float, 0.0, False, "in (0, 1)", high=1.0),
+                   default=None, metavar="F",
+                   help="steer the strength (from --sparsity) epoch by epoch so that a fraction F "
+                   "of prunable |gamma| ends under 1e-2")
     g = p.add_argument_group("output")
     g.add_argument("--save", type=Path, required=True, metavar="DIR",
                    help="folder for last.pth, best.pth and metrics.jsonl")
     g.add_argument("--overwrite", action="store_true", help="replace a run already in --save")
     add_device_flags(p)
+
+
+def add_shape_flags(g) -> None:
+    """What every cut respects, however its size is chosen."""
+    g.add_argument("--min-channels", type=positive_int, default=1,
+                   help="channels every layer keeps at least")
+    g.add_argument("--round-to", type=positive_int, default=1, metavar="K",
+                   help="every pruned width a multiple of K (never above the original; the "
+                   "extra channels are the best-scoring ones)")
+    g.add_argument("--max-layer-prune", type=_number(float, 0.0, False, "in (0, 1]", high=1.0 + 1e-12),
+                   default=1.0, metavar="F", help="no layer loses more than this fraction of its channels")
+    g.add_argument("--no-compensate", dest="compensate", action="store_false",
+                   help="the paper's cut: drop the constant a cut channel still emits instead of "
+                   "folding it into the next layer")
+    g.add_argument("--recalibrate-bn", type=count, default=0, metavar="N",
+                   help="after the cut, re-estimate every BatchNorm's statistics on N training "
+                   "batches (needs the data; 0 = off)")
 
 
 def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
@@ -216,8 +237,12 @@ def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
     how.add_argument("--percent", type=fraction,
                      help="fraction of prunable channels to remove, in [0, 1)")
     how.add_argument("--threshold", type=nonneg_float, help="remove channels with |gamma| <= T")
-    g.add_argument("--min-channels", type=positive_int, default=1,
-                   help="channels every layer keeps at least")
+    how.add_argument("--target-flops", type=positive_float, metavar="R",
+                     help="prune to a FLOPs budget: a fraction in (0, 1) of the unpruned model's, "
+                     "or a count such as 2.5e8")
+    how.add_argument("--target-params", type=positive_float, metavar="R",
+                     help="prune to a parameter budget: a fraction in (0, 1) or a count")
+    add_shape_flags(g)
 
 
 def add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -245,6 +270,7 @@ def build_parser() -> Parser:
     add_checkpoint_flag(p)
     add_model_flags(p, None)
     add_prune_flags(p, required=True)
+    add_data_flags(p, None)  # read only for --recalibrate-bn
     g = p.add_argument_group("output")
     g.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
     g.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
@@ -280,9 +306,16 @@ def build_parser() -> Parser:
     add_checkpoint_flag(p)
     add_model_flags(p, None)
     g = p.add_argument_group("sparsity")
-    g.add_argument("--percents", default="0.1:0.9:0.1", help="start:stop:step or a comma list")
-    g.add_argument("--min-channels", type=positive_int, default=1,
-                   help="channels every layer keeps at least")
+    axis = g.add_mutually_exclusive_group()
+    axis.add_argument("--percents", default=None,
+                      help="start:stop:step or a comma list of fractions of channels to remove "
+                      "(default 0.1:0.9:0.1)")
+    axis.add_argument("--target-flops", default=None, metavar="LIST",
+                      help="sweep FLOPs budgets instead: fractions of the unpruned model's, e.g. "
+                      "0.3:0.9:0.1")
+    axis.add_argument("--target-params", default=None, metavar="LIST",
+                      help="sweep parameter budgets: fractions, e.g. 0.2,0.5")
+    add_shape_flags(g)
     g = p.add_argument_group("output")
     g.add_argument("--save", type=Path, required=True, metavar="DIR",
                    help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
@@ -322,6 +355,9 @@ def build_parser() -> Parser:
     g.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")
     g.add_argument("--baseline", action="store_true",
                    help="also train a no-sparsity baseline (baseline/) for the report")
+    g.add_argument("--iterations", type=positive_int, default=1, metavar="N",
+                   help="prune a share of the budget, fine-tune (--finetune-epochs each time), "
+                   "repeat: N times (the paper's multi-pass scheme)")
     add_repeats_flag(p)
     p.set_defaults(func=commands.cmd_pipeline)
     return parser
@@ -446,6 +482,8 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
             parser.error(f"{flag} does not fit --arch {args.arch}: {first_line(e)}")
     if getattr(args, "amp_dtype", None) and not args.amp:
         parser.error("--amp-dtype only applies with --amp; add --amp")
+    if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:
+        parser.error("--sparsity-target steers a strength: give the starting one, e.g. --sparsity 1e-4")
     if getattr(args, "deterministic", False) and args.seed is None:
         parser.error("--deterministic needs --seed N: a run is only repeatable from a seed")
 

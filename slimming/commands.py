@@ -109,13 +109,31 @@ def prune_warnings(model: nn.Module, result, min_channels: int) -> list[str]:
     return notes
 
 
+def shape_options(args) -> dict:
+    """What every cut respects (``slimming.prune``'s keywords), from the flags."""
+    return {"min_channels": args.min_channels, "round_to": args.round_to,
+            "max_layer_prune": args.max_layer_prune, "compensate": args.compensate}
+
+
+def recalibrate(args, ckpt: dict, model: nn.Module, device: torch.device) -> None:
+    """``--recalibrate-bn N``: the pruned network's BatchNorm statistics, re-estimated on N
+    batches of the data the checkpoint was trained on (or the data flags given)."""
+    from .repair import recalibrate_bn
+
+    default_data(args, ckpt)
+    train_loader, _, _ = loaders(args, device, image_size=native_size(ckpt["arch"]))
+    seen = recalibrate_bn(model, train_loader, args.recalibrate_bn, device)
+    print(f"BatchNorm statistics re-estimated on {seen:,} training images ({args.dataset})")
+
+
 def cmd_prune(args) -> None:
     out = args.save / "pruned.pth"
     check_output(out, args.overwrite)
     device = device_for(args)
     ckpt, model = read_checkpoint(args, args.checkpoint, device)
-    result = prune(model, percent=args.percent, threshold=args.threshold,
-                   min_channels=args.min_channels)  # rebuilt and filled on ``device``
+    result = prune(model, percent=args.percent, threshold=args.threshold,  # rebuilt on ``device``
+                   target_flops=args.target_flops, target_params=args.target_params,
+                   **shape_options(args))
     table = result.layer_table()
     if all(before == after for _, before, after in table):
         how = f"--percent {args.percent}" if args.percent is not None else f"--threshold {args.threshold}"
@@ -134,23 +152,40 @@ def cmd_prune(args) -> None:
     print(f"channels {before} -> {after} ({100 * (before - after) / before:.1f}% removed; "
           f"|gamma| threshold {thr})")
     print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
+    if result.budget:
+        b = result.budget
+        print(f"{b['what']} budget {b['target']:.4g} ({100 * b['target'] / b['full']:.1f}% of "
+              f"{b['full']:.4g}): {b['achieved']:.4g} achieved ({100 * b['achieved'] / b['full']:.1f}%)")
     if isinstance(result.cfg, dict):  # a traced network: its widths per BatchNorm, in the file
         changed = sum(1 for _, b, a in table if a != b)
         print(f"widths of {changed} of {len(table)} BatchNorm layers changed (the file's cfg)")
     else:
         print(f"cfg {result.cfg}")
+    if result.compensation.get("applied"):
+        c = result.compensation
+        print(f"compensation: the constant outputs of {c['folded']} cut channel inputs folded into "
+              f"{c['layers']} layers" + (f"; {c['unfolded']} left as the paper leaves them (no bias "
+                                          "and no BatchNorm right after the layer reading them)"
+                                          if c["unfolded"] else ""))
+    elif result.compensation.get("layers"):
+        print("compensation: not applied: folding did not bring the pruned network closer to the "
+              "original (its cut gammas at zero) on random images; the paper's cut is kept")
+    if args.recalibrate_bn:
+        recalibrate(args, ckpt, result.model, device)
     for note in prune_warnings(model, result, args.min_channels):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
     source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"), "epoch": ckpt.get("epoch")}
+    removed = (before - after) / before
     save_checkpoint(checkpoint_dict(result.model, cfg_mask=result.cfg_mask, threshold=result.threshold,
-                                    percent=args.percent, source_acc=ckpt.get("acc"), source=source,
-                                    data=data_of(ckpt),
+                                    percent=args.percent if args.percent is not None else removed,
+                                    budget=result.budget or None, compensation=result.compensation or None,
+                                    source_acc=ckpt.get("acc"), source=source, data=data_of(ckpt),
                                     args=plain_args(args, leave_out=DEVICE_FLAGS)), out)
     print(f"saved {out}")
 
 
 def cmd_stats(args) -> None:
-    from .stats import check_input_size, format_stats, model_stats
+    from .stats import channels_last_note, check_input_size, format_stats, model_stats
 
     device = device_for(args)
     paths = [args.checkpoint] + ([args.compare] if args.compare else [])
@@ -167,23 +202,39 @@ def cmd_stats(args) -> None:
     print(f"on {device}; FLOPs count a multiply-add as two (torch.utils.flop_counter); latency: "
           f"median of {args.repeats} runs under torch.inference_mode")
     print(format_stats(results[0], results[1] if args.compare else None, ("checkpoint", "compare")))
+    for path, r in zip(paths, results):
+        note = channels_last_note(r)
+        if note:
+            print(f"{path}: {note}")
 
 
 def cmd_sweep(args) -> None:
+    from .repair import recalibrate_bn
     from .sweep import parse_percents, sweep, write_sweep
 
-    percents = parse_percents(args.percents)
+    axis, text = next(((a, v) for a, v in (("flops", args.target_flops), ("params", args.target_params))
+                       if v is not None), ("percent", args.percents or "0.1:0.9:0.1"))
+    flag = {"percent": "--percents", "flops": "--target-flops", "params": "--target-params"}[axis]
+    points = parse_percents(text, flag)
+    if axis != "percent" and 0 in points:
+        raise SlimmingError(f"{flag}: a budget of 0 leaves nothing; give fractions in (0, 1)")
     check_output(args.save / "sweep.csv", False)
     device = device_for(args)
     ckpt, model = read_checkpoint(args, args.checkpoint, device)
     default_data(args, ckpt)
-    _, test_loader, num_classes = loaders(args, device, image_size=native_size(ckpt["arch"]))
+    train_loader, test_loader, num_classes = loaders(args, device, image_size=native_size(ckpt["arch"]))
     check_classes(ckpt, args.checkpoint, num_classes)
     announce_device(args, device)
-    rows = sweep(model.to(device).eval(), test_loader, device, percents, args.min_channels,
-                 input_size_of(model))
+    options = {k: v for k, v in shape_options(args).items() if k != "min_channels"}
+    repair = None
+    if args.recalibrate_bn:
+        def repair(m):
+            recalibrate_bn(m, train_loader, args.recalibrate_bn, device)
+    rows = sweep(model.to(device).eval(), test_loader, device, points, args.min_channels,
+                 input_size_of(model), axis=axis, options=options, repair=repair)
     for r in rows:
-        what = "unpruned     " if r.get("reference") else f"percent {r['percent']:<5g}"
+        what = "unpruned     " if r.get("reference") else (
+            f"percent {r['percent']:<5g}" if axis == "percent" else f"{axis} {r['target']:<5g}")
         print(f"{what} params kept {100 * r['params_kept']:5.1f}%  FLOPs kept "
               f"{100 * r['flops_kept']:5.1f}%  top-1 {r['acc']:.2f}%")
     written = write_sweep(rows, args.save)
@@ -192,7 +243,7 @@ def cmd_sweep(args) -> None:
 
 def cmd_export(args) -> None:
     from .export import export_model
-    from .stats import check_input_size
+    from .stats import channels_last_note, check_input_size, latency_ms
 
     check_output(args.out, args.overwrite, flag="--out")
     device = device_for(args)
@@ -203,6 +254,11 @@ def cmd_export(args) -> None:
     announce_device(args, device)
     print(f"exported {args.out} ({args.format}, on {device}); largest difference from PyTorch on "
           f"a random batch: {diff:.3g} (tolerance {args.atol:g})")
+    quick = {"latency_ms": {64: latency_ms(model, 64, size, repeats=5)},
+             "latency_ms_channels_last": {64: latency_ms(model, 64, size, repeats=5, channels_last=True)}}
+    note = channels_last_note(quick)
+    if note:
+        print(f"note: {note}")
 
 
 def cmd_report(args) -> None:

@@ -24,7 +24,7 @@ from .checkpoint import checkpoint_dict, save_checkpoint
 from .distributed import DistInfo, all_reduce_sum
 from .errors import SlimmingError, TrainingError  # noqa: F401 (TrainingError: re-exported)
 from .files import append_line
-from .sparsity import BNSparsity
+from .sparsity import BNSparsity, SparsityController
 
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -119,10 +119,11 @@ class Trainer:
                  device: torch.device, *, sparsity: BNSparsity | None = None,
                  amp_dtype: torch.dtype | None = None, grad_clip: float = 0.0,
                  label_smoothing: float = 0.0, channels_last: bool = False,
-                 dist: DistInfo | None = None):
+                 dist: DistInfo | None = None, controller: SparsityController | None = None):
         self.model, self.optimizer, self.scheduler, self.device = model, optimizer, scheduler, device
         self.sparsity, self.amp_dtype, self.grad_clip = sparsity, amp_dtype, grad_clip
         self.channels_last, self.dist = channels_last, dist or DistInfo()
+        self.controller = controller  # --sparsity-target: steers self.sparsity.strength
         self.criterion = nn.CrossEntropyLoss(label_smoothing=label_smoothing)
         # float16 needs loss scaling; bfloat16 has float32's range and does not
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
@@ -180,8 +181,11 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything besides the weights that a resumed run needs."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(), "rng": rng_state()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                 "scaler": self.scaler.state_dict(), "rng": rng_state()}
+        if self.sparsity is not None:  # the controller's current strength, for --resume
+            state["sparsity_strength"] = float(self.sparsity.strength)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -190,6 +194,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         if state.get("rng"):
             set_rng_state(state["rng"])
+        if self.controller is not None and self.sparsity is not None and state.get("sparsity_strength"):
+            self.sparsity.strength = float(state["sparsity_strength"])
 
     def fit(self, train_loader, test_loader, *, epochs: int, save_dir: str | Path,
             start_epoch: int = 0, best_acc: float = 0.0, extra: dict[str, Any] | None = None,
@@ -198,7 +204,9 @@ class Trainer:
 
         Rank 0 writes ``save_dir/last.pth`` every epoch, ``save_dir/best.pth`` on a new best
         test accuracy and one JSON line per epoch to ``save_dir/metrics.jsonl`` (epoch, lr,
-        train_loss, train_acc, test_loss, test_acc, gamma_lt_1e-2, amp_skipped, seconds).
+        train_loss, train_acc, test_loss, test_acc, gamma_lt_1e-2, sparsity (the L1 strength the
+        epoch used), amp_skipped, seconds). With a controller, the strength for the next epoch
+        follows the |gamma| fraction this one reached.
         ``extra`` goes into every checkpoint. Returns the last epoch's metrics and best_acc.
         """
         save_dir = Path(save_dir)
@@ -215,8 +223,12 @@ class Trainer:
                             self.dist.is_main, self.dist)
             row = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"],
                    "train_acc": train["acc"], "test_loss": test["loss"], "test_acc": test["acc"],
-                   "gamma_lt_1e-2": probe.fraction_below(1e-2), "amp_skipped": train["skipped"],
-                   "seconds": round(time.perf_counter() - start, 3)}
+                   "gamma_lt_1e-2": probe.fraction_below(1e-2),
+                   "sparsity": self.sparsity.strength if self.sparsity else 0.0,
+                   "amp_skipped": train["skipped"], "seconds": round(time.perf_counter() - start, 3)}
+            if self.controller is not None and self.sparsity is not None:
+                self.sparsity.strength = self.controller.update(
+                    self.sparsity.strength, epoch, epochs, row["gamma_lt_1e-2"])
             is_best = test["acc"] > best_acc
             best_acc = max(best_acc, test["acc"])
             if self.dist.is_main:

@@ -1,6 +1,7 @@
 """``slimming pipeline``: sparsity training -> prune -> fine-tune -> report, each stage in its own
 sub-folder of --save; rerun the same command to pick up where it stopped (finished stages are
-skipped, an interrupted one resumes).
+skipped, an interrupted one resumes). ``--iterations N`` prunes a share of the budget, fine-tunes
+and repeats, N times (the paper's multi-pass scheme): iterations before the last write iterK/.
 
 Under torchrun every rank trains (DistributedDataParallel, one process group for all stages),
 but only rank 0 prunes, evaluates the pruned network, writes the report and prints; the other
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import json
 from collections.abc import Callable
 
@@ -39,6 +41,45 @@ def on_main(dist: DistInfo, work: Callable[[], None]) -> None:
             torch_dist.broadcast_object_list(flag, src=0)  # also the barrier
             if not flag[0] and not dist.is_main:
                 raise SlimmingError("rank 0 failed (its message says why); stopping")
+
+
+def budget_share(args: argparse.Namespace, i: int, source, arch) -> dict:
+    """The prune flags of iteration ``i`` of ``--iterations N``, each cut from the previous
+    iteration's fine-tuned network: a percent p becomes 1 - (1 - p)^(1/N) each time (N cuts
+    leave the same channels as p would at once); a FLOPs or parameter budget becomes the
+    geometric step towards it, R^(i/N) of the sparse model's count; a threshold stays as it
+    is. One iteration: the flags as given."""
+    n = args.iterations
+    if n == 1:
+        return {}
+    if args.percent is not None:
+        return {"percent": 1 - (1 - args.percent) ** (1 / n)}
+    what = "flops" if args.target_flops is not None else "params" if args.target_params is not None else None
+    if what is None:
+        return {}
+    from .budget import parse_budget
+    from .checkpoint import load_model
+    from .stats import count_flops, count_params
+
+    sparse = load_model(source, arch=arch)  # the sparse model: budgets are fractions of it
+    full = count_flops(sparse, tuple(getattr(sparse, "input_size", None) or (3, 32, 32))) \
+        if what == "flops" else count_params(sparse)
+    target = parse_budget(getattr(args, f"target_{what}"), full, what)
+    return {f"target_{what}": float(full * (target / full) ** (i / n))}
+
+
+def prune_and_evaluate(ns: argparse.Namespace, heading: str = "") -> None:
+    """Rank 0's stage: prune ``ns.checkpoint`` into ``ns.save``/pruned.pth (unless done) and
+    evaluate it right after the cut into eval.json (unless done)."""
+    pruned, evaluated = ns.save / "pruned.pth", ns.save / "eval.json"
+    print("== prune ==" + heading)
+    if pruned.exists():
+        print(f"{pruned} exists: skipping")
+    else:
+        cmd_prune(ns)
+    if not evaluated.exists():
+        m = cmd_eval(argparse.Namespace(**{**vars(ns), "checkpoint": pruned}))
+        write_text(evaluated, json.dumps({"acc": m["acc"], "loss": m["loss"], "count": m["count"]}))
 
 
 def run_pipeline(args: argparse.Namespace) -> None:
@@ -74,24 +115,19 @@ def run_pipeline(args: argparse.Namespace) -> None:
         say("== sparsity training ==")
         cmd_train(stage("sparse"))
         lock_root()
-        pruned = root / "pruned" / "pruned.pth"
-        evaluated = root / "pruned" / "eval.json"
-
-        def prune_and_evaluate() -> None:
-            print("== prune ==")
-            if pruned.exists():
-                print(f"{pruned} exists: skipping")
-            else:
-                cmd_prune(stage("pruned", checkpoint=root / "sparse" / "best.pth", arch=arch, depth=None))
-            if not evaluated.exists():
-                m = cmd_eval(stage("pruned", checkpoint=pruned, arch=arch, depth=None))
-                write_text(evaluated, json.dumps({"acc": m["acc"], "loss": m["loss"], "count": m["count"]}))
-
-        on_main(dist, prune_and_evaluate)
-        say("== fine-tune ==")
-        cmd_finetune(stage("finetuned", checkpoint=pruned, arch=arch, depth=None, sparsity=0.0,
-                           epochs=args.finetune_epochs or args.epochs,
-                           lr=args.finetune_lr or args.lr))
+        source = root / "sparse" / "best.pth"
+        for i in range(1, args.iterations + 1):  # the last iteration's folders are pruned/, finetuned/
+            where = "" if i == args.iterations else f"iter{i}/"
+            pruned = root / f"{where}pruned" / "pruned.pth"
+            share = budget_share(args, i, root / "sparse" / "best.pth", arch)
+            heading = f" (iteration {i} of {args.iterations})" if args.iterations > 1 else ""
+            ns = stage(f"{where}pruned", checkpoint=source, arch=arch, depth=None, **share)
+            on_main(dist, functools.partial(prune_and_evaluate, ns, heading))
+            say("== fine-tune ==")
+            cmd_finetune(stage(f"{where}finetuned", checkpoint=pruned, arch=arch, depth=None, sparsity=0.0,
+                               sparsity_target=None, epochs=args.finetune_epochs or args.epochs,
+                               lr=args.finetune_lr or args.lr))
+            source = root / f"{where}finetuned" / "best.pth"
 
         def report() -> None:
             print("== report ==")

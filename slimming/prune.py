@@ -67,15 +67,19 @@ def channel_masks(model: nn.Module, percent: float | None = None, threshold: flo
 
 
 def select(scores: list[torch.Tensor], percent: float | None, threshold: float | None,
-           min_channels: int = 1) -> tuple[list[torch.Tensor], float | None, list[int]]:
+           min_channels: int = 1, round_to: int = 1,
+           max_layer_prune: float = 1.0) -> tuple[list[torch.Tensor], float | None, list[int]]:
     """Keep-masks for score vectors (one per group of channels cut together), the threshold,
     and the indices of the groups the ``min_channels`` guard refilled.
 
     ``percent=p`` ranks all N channels by score and removes exactly ``floor(p * N)`` of them,
     the lowest (ties broken by group order); the returned threshold is the largest score
-    removed (None when none is). ``threshold=t`` removes every channel scoring <= t. Then each
-    group that would keep fewer than ``min_channels`` keeps its ``min_channels`` best channels
-    (or all, if it has fewer), so no layer is ever emptied.
+    removed (None when none is). ``threshold=t`` removes every channel scoring <= t. Then, per
+    group of n channels, the best-scoring channels come back until the group keeps at least
+    ``min_channels`` (or all n, if it has fewer: no layer is ever emptied), at least
+    ``(1 - max_layer_prune) * n`` (rounded up: no layer loses more than that fraction), and a
+    multiple of ``round_to`` (never more than n): so these three can only keep more channels
+    than the percent or threshold alone.
     """
     if (percent is None) == (threshold is None):
         raise SlimmingError("give exactly one of percent and threshold")
@@ -85,6 +89,10 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
         raise SlimmingError(f"threshold must be >= 0 and finite, got {threshold}")
     if min_channels < 1:
         raise SlimmingError(f"min_channels must be >= 1, got {min_channels}")
+    if not isinstance(round_to, int) or round_to < 1:
+        raise SlimmingError(f"round_to must be a positive integer, got {round_to}")
+    if not 0 < max_layer_prune <= 1:
+        raise SlimmingError(f"max_layer_prune must be in (0, 1], got {max_layer_prune}")
     if not scores:
         raise SlimmingError("no channel group of this model can be pruned (see slimming.graph for "
                             "what keeps a group whole): there is nothing to slim")
@@ -108,11 +116,16 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     masks = list(keep.split([g.numel() for g in scores]))
     guarded = []
     for i, (g, m) in enumerate(zip(scores, masks)):
-        need = min(min_channels, g.numel())
-        if int(m.sum()) < need:
-            masks[i] = m.clone()
-            masks[i][g.topk(need).indices] = True
+        n, kept = g.numel(), int(m.sum())
+        guard = min(min_channels, n)
+        want = max(kept, guard, math.ceil((1 - max_layer_prune) * n - 1e-9))
+        want = min(n, -(-want // round_to) * round_to)
+        if kept < guard:
             guarded.append(i)
+        if want > kept:  # the best channels back, those the cut kept first among them
+            order = torch.argsort(g + m.float() * (g.max() + 1), descending=True, stable=True)
+            masks[i] = torch.zeros_like(m)
+            masks[i][order[:want]] = True
     return masks, threshold, guarded
 
 
@@ -122,17 +135,21 @@ def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
     return t.detach().index_select(dim, mask.nonzero().squeeze(1).to(t.device))
 
 
-def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> None:
+ModuleMasks = dict[str, dict[str, torch.Tensor]]  # conv/linear name -> {"in"/"out": keep-mask}
+
+
+def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> ModuleMasks:
     """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
 
     ``cfg_mask`` has one mask per BatchNorm2d of ``old`` in ``modules()`` order. For a chain
     network (conv -> BN -> ... -> linear): a conv keeps input channels ``start_mask`` and output
     channels ``end_mask``; a BN keeps ``end_mask``; a linear keeps input columns ``start_mask``.
     Loading is strict, so a tensor this walk missed is an error, not uninitialised memory.
+    Returns each conv's and linear layer's kept input and output channels.
     """
     masks = iter(cfg_mask)
     start_mask, end_mask = None, next(masks, None)
-    state = {}
+    state, cut = {}, {}
     for (name, m0), (_, m1) in zip(old.named_modules(), new.named_modules()):
         if type(m0) is not type(m1):
             raise ValueError(f"module {name!r}: {type(m0).__name__} vs {type(m1).__name__}")
@@ -146,21 +163,25 @@ def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tens
             state[prefix + "weight"] = _take(_take(m0.weight, 1, start_mask), 0, end_mask)
             if m0.bias is not None:
                 state[prefix + "bias"] = _take(m0.bias, 0, end_mask)
+            cut[name] = {k: v for k, v in (("in", start_mask), ("out", end_mask)) if v is not None}
         elif isinstance(m0, nn.Linear):
             state[prefix + "weight"] = _take(m0.weight, 1, start_mask)
             if m0.bias is not None:
                 state[prefix + "bias"] = m0.bias.detach().clone()
+            cut[name] = {"in": start_mask} if start_mask is not None else {}
     new.load_state_dict(state, assign=True)
+    return cut
 
 
-def copy_sliced_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> None:
+def copy_sliced_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> ModuleMasks:
     """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
 
     ``old.channel_slices()`` lists, per BatchNorm2d in ``modules()`` order (``cfg_mask``'s
     order), the (state_dict key, dim) pairs whose extent along dim is that BN's channels; each
     is cut to the mask's kept channels (a conv weight may be cut twice: its output channels by
     one BN's mask, its input channels by another's). Every other tensor is copied whole. Strict
-    loading turns any tensor the plan left at a wrong shape into an error.
+    loading turns any tensor the plan left at a wrong shape into an error. Returns each conv's
+    and linear layer's kept input and output channels.
     """
     plan = old.channel_slices()
     if len(plan) != len(cfg_mask):
@@ -180,10 +201,18 @@ def copy_sliced_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Ten
     if cuts:
         raise ValueError(f"channel_slices() names tensors the model lacks: {', '.join(sorted(cuts))}")
     new.load_state_dict(state, assign=True)
+    layers = {name for name, m in old.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    cut: ModuleMasks = {}
+    for slices, mask in zip(plan, cfg_mask):
+        for key, dim in slices:
+            name = key.rsplit(".", 1)[0]
+            if name in layers and key.endswith(".weight") and dim in (0, 1):
+                cut.setdefault(name, {})["out" if dim == 0 else "in"] = mask
+    return cut
 
 
 # How each family is cut once the masks are known ("how", apart from "which": channel_masks).
-SURGERY: dict[str, Callable[[nn.Module, nn.Module, list[torch.Tensor]], None]] = {
+SURGERY: dict[str, Callable[[nn.Module, nn.Module, list[torch.Tensor]], ModuleMasks]] = {
     "nin": copy_chain_weights,
     "vgg": copy_chain_weights,
     "preresnet": copy_sliced_weights,
@@ -202,6 +231,9 @@ class PruneResult:
     layer_names: list[str]  # the original's BatchNorm2d names, in cfg_mask order
     guarded: list[str] = field(default_factory=list)  # BNs the min_channels guard refilled
     masks: dict[str, torch.Tensor] = field(default_factory=dict)  # BN name -> keep-mask
+    layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
+    compensation: dict = field(default_factory=dict)  # what slimming.repair.compensate folded
+    budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
 
     def __post_init__(self):
         if not self.masks:
@@ -223,35 +255,72 @@ def default_example(model: nn.Module) -> torch.Tensor:
 def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
           min_channels: int = 1, *, importance: Importance | None = None,
           example_inputs: torch.Tensor | None = None, ignore: tuple[str, ...] = (),
-          surgery: str = "auto") -> PruneResult:
+          surgery: str = "auto", target_flops: float | None = None,
+          target_params: float | None = None, round_to: int = 1, max_layer_prune: float = 1.0,
+          compensate: bool = True) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
-    Give ``percent`` (fraction of prunable channels removed, exactly ``floor(percent * N)``)
-    or an absolute ``threshold`` on the scores. ``importance`` scores channels (default
-    ``slimming.importance.BNScale("max")``: |gamma|, the largest over a group's BatchNorms).
-    A shipped family (NIN, VGG, pre-activation ResNet, DenseNet) is cut by its own surgery,
-    exactly as the paper does; any other network (or any, with ``surgery="graph"``) is traced
-    on ``example_inputs`` (default: one image of ``default_example``'s size) and cut along its
-    channel graph, keeping whole the modules named in ``ignore``. The original model is left
-    untouched; the new one is on the same device and in the same train/eval mode.
+    How many channels go, one of:
+    - ``percent``: a fraction of the prunable channels, exactly ``floor(percent * N)``;
+    - ``threshold``: every channel scoring at or under it;
+    - ``target_flops`` / ``target_params``: a budget, a fraction in (0, 1) of the unpruned
+      model's count or an absolute count (``2.5e8``): the fewest channels cut that bring the
+      network at or under it (``slimming.budget``).
+    Then ``min_channels``, ``max_layer_prune`` (the largest fraction any layer loses) and
+    ``round_to`` (every width a multiple of it, never above the original) may keep more.
+
+    ``importance`` scores channels (default ``slimming.importance.BNScale("max")``: |gamma|, the
+    largest over a group's BatchNorms). A shipped family (NIN, VGG, pre-activation ResNet,
+    DenseNet) is cut by its own surgery, as the paper does; any other network (or any, with
+    ``surgery="graph"``) is traced on ``example_inputs`` (default: one image of
+    ``default_example``'s size) and cut along its channel graph, keeping whole the modules in
+    ``ignore``. ``compensate`` (default) folds the constant output a cut channel still had
+    (its activation of beta) into the layers that read it (``slimming.repair``); False gives
+    the paper's network exactly. The original model is left untouched; the new one is on the
+    same device and in the same train/eval mode.
     """
+    from . import budget, repair
     from .importance import DEFAULT
 
     model = unwrap(model)
     importance = importance or DEFAULT
     if surgery not in ("auto", "graph"):
         raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}")
+    how = [percent is not None, threshold is not None, target_flops is not None,
+           target_params is not None]
+    if sum(how) != 1:
+        raise SlimmingError("give exactly one of percent, threshold, target_flops and target_params")
+    example = default_example(model) if example_inputs is None else example_inputs
     if surgery == "graph" or getattr(model, "arch", None) not in SURGERY:
-        example = default_example(model) if example_inputs is None else example_inputs
-        return _prune_traced(model, percent, threshold, min_channels, importance, example, ignore)
-    return _prune_family(model, percent, threshold, min_channels, importance)
+        plan = _traced_plan(model, importance, example, ignore)
+    else:
+        plan = _family_plan(model, importance)
+    limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
+    if target_flops is not None or target_params is not None:
+        result = budget.search(model, plan, example, target_flops, target_params, limits)
+    else:
+        masks, threshold, guarded = select(plan.scores, percent, threshold, **limits)
+        result = plan.build(masks, threshold, guarded)
+    if compensate:
+        result.compensation = repair.compensate(model, result, example)
+    return result
 
 
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
 
 
-def _prune_family(model, percent, threshold, min_channels, importance) -> PruneResult:
+@dataclass
+class Plan:
+    """A model's channel groups, scored (``scores``, one vector per group), and ``build``: the
+    pruned network for keep-masks of those groups (with the threshold and the guarded groups'
+    indices, which it only records)."""
+
+    scores: list[torch.Tensor]
+    build: Callable[[list[torch.Tensor], float | None, list[int]], PruneResult]
+
+
+def _family_plan(model: nn.Module, importance: Importance) -> Plan:
     """The paper's way: one group per prunable BN, rebuilt as ``Net(cfg)`` on the meta device."""
     import models  # here, not at import time: the pruning core works on any Net-like model
 
@@ -265,19 +334,23 @@ def _prune_family(model, percent, threshold, min_channels, importance) -> PruneR
     names = {id(bn): name for name, bn in model.named_modules()}
     scores = [importance(model, Group(bn.num_features, [], [(names[id(bn)], 0, 0, bn.num_features)]))
               for bn in prunable]
-    masks, threshold, guarded = select(scores, percent, threshold, min_channels)
-    by_layer = {id(bn): m for bn, m in zip(prunable, masks)}
-    cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool)) for _, bn in bns]
-    cfg = model.pruned_cfg([int(m.sum()) for m in masks])
-    new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
-    SURGERY[model.arch](model, new, cfg_mask)
-    new.train(model.training)
-    return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
-                       [names[id(prunable[i])] for i in guarded])
+
+    def build(masks, threshold, guarded) -> PruneResult:
+        by_layer = {id(bn): m for bn, m in zip(prunable, masks)}
+        cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool)) for _, bn in bns]
+        cfg = model.pruned_cfg([int(m.sum()) for m in masks])
+        new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
+        layers = SURGERY[model.arch](model, new, cfg_mask)
+        new.train(model.training)
+        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+                           [names[id(prunable[i])] for i in guarded], layers=layers)
+
+    return Plan(scores, build)
 
 
-def _prune_traced(model, percent, threshold, min_channels, importance, example, ignore) -> PruneResult:
-    """Any network: trace its channel graph, score each prunable group, cut a copy."""
+def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor, ignore) -> Plan:
+    """Any network: trace its channel graph once, score each prunable group; ``build`` cuts a
+    copy along the graph."""
     from . import surgery
     from .graph import trace
 
@@ -286,15 +359,19 @@ def _prune_traced(model, percent, threshold, min_channels, importance, example, 
                             "slimming scores channels by their BatchNorm scale factors)")
     graph = trace(model, example, tuple(ignore))
     groups = [g for g in graph.groups() if g.prunable]
-    masks, threshold, guarded = select([importance(model, g).float().cpu() for g in groups],
-                                       percent, threshold, min_channels)
-    roots = {graph.find(g.spaces[0]): m for g, m in zip(groups, masks)}
-    plan = surgery.plan(graph, roots)
-    new = surgery.cut(model, plan)
     bns = _bn_names(model)
-    cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
-                for name, bn in bns]
-    cfg = {name: int(m.sum()) for (name, _), m in zip(bns, cfg_mask)}
-    new.cfg = cfg
-    return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
-                       [groups[i].bns[0][0] for i in guarded])
+
+    def build(masks, threshold, guarded) -> PruneResult:
+        roots = {graph.find(g.spaces[0]): m for g, m in zip(groups, masks)}
+        plan = surgery.plan(graph, roots)
+        new = surgery.cut(model, plan)
+        cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
+                    for name, bn in bns]
+        cfg = {name: int(m.sum()) for (name, _), m in zip(bns, cfg_mask)}
+        new.cfg = cfg
+        layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
+                  if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
+        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+                           [groups[i].bns[0][0] for i in guarded], layers=layers)
+
+    return Plan([importance(model, g).float().cpu() for g in groups], build)

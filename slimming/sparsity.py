@@ -52,3 +52,29 @@ class BNSparsity:
             return 0.0
         g = torch.cat([p.detach().abs().flatten() for p in self.params])
         return (g < bound).float().mean().item()
+
+
+class SparsityController:
+    """``--sparsity-target F``: steers the L1 strength from epoch to epoch so that, by the end
+    of training, a fraction F of the prunable |gamma| sits under ``bound`` (1e-2), instead of a
+    strength the user has to guess.
+
+    The goal after epoch e of E rises linearly to F by three quarters of the run (the last
+    quarter, at a low learning rate, is left to settle): g_e = F * min(1, (e + 1) / (0.75 E)).
+    After each epoch the fraction f_e actually under the bound is measured and the strength is
+    multiplied by 2 ** clip(4 (g_e - f_e) / F, -1, 1): up to doubled when behind the goal, up
+    to halved when ahead, unchanged on it. It starts from ``--sparsity``.
+    """
+
+    def __init__(self, target: float, bound: float = 1e-2):
+        if not 0 < target < 1:
+            raise SlimmingError(f"--sparsity-target must be in (0, 1), got {target:g}")
+        self.target, self.bound = target, bound
+
+    def goal(self, epoch: int, epochs: int) -> float:
+        return self.target * min(1.0, (epoch + 1) / max(0.75 * epochs, 1.0))
+
+    def update(self, strength: float, epoch: int, epochs: int, fraction: float) -> float:
+        """The strength for the next epoch, after ``epoch`` (0-based) ended at ``fraction``."""
+        error = (self.goal(epoch, epochs) - fraction) / self.target
+        return strength * 2.0 ** max(-1.0, min(1.0, 4.0 * error))

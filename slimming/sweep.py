@@ -30,11 +30,12 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:37] + "...")
 
 
-def parse_percents(text: str) -> list[float]:
+def parse_percents(text: str, name: str = "--percents") -> list[float]:
     """``"0.1:0.9:0.1"`` (start:stop:step, stop included) or ``"0.5,0.7"`` -> sorted percents
     without duplicates, each in [0, 1), at most ``MAX_POINTS`` of them. Anything else raises
-    SlimmingError (one line); a range's size is computed before any list is built."""
-    flag = f"--percents {_shown(str(text))}"
+    SlimmingError (one line) naming the flag ``name``; a range's size is computed before any
+    list is built."""
+    flag = f"{name} {_shown(str(text))}"
     usage = (f"{flag}: use start:stop:step (e.g. 0.1:0.9:0.1) or a comma list "
              "(e.g. 0.5,0.7) of fractions of channels to remove")
     text = str(text).strip()
@@ -83,26 +84,40 @@ def _count(n: float) -> str:
 
 
 def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percents: list[float],
-          min_channels: int = 1, input_size: tuple[int, ...] = (3, 32, 32)) -> list[dict]:
+          min_channels: int = 1, input_size: tuple[int, ...] = (3, 32, 32), *,
+          axis: str = "percent", options: dict | None = None, repair=None) -> list[dict]:
     """Rows of ``FIELDS``. The first row is the unpruned network, evaluated once: percent 0.0,
-    threshold None, everything kept, ``"reference": True``. Then one row per percent above 0
+    threshold None, everything kept, ``"reference": True``. Then one row per point above 0
     (percent 0 removes nothing: it is the reference row), in increasing order: the |gamma|
     threshold, params, FLOPs, their fractions kept, and the test accuracy (%) and loss of the
-    pruned network, before any fine-tuning (``"reference": False``)."""
+    pruned network, before any fine-tuning (``"reference": False``).
+
+    ``axis``: "percent" (the points are fractions of channels removed), "flops" or "params"
+    (the points are budgets, fractions of the unpruned count: each row also has ``target``,
+    and ``percent`` is then the fraction of channels the budget removed). ``options``: more
+    keywords for ``slimming.prune`` (round_to, max_layer_prune, compensate). ``repair``: called
+    on each pruned network before it is evaluated (e.g. BatchNorm recalibration)."""
     params0, flops0 = count_params(model), count_flops(model, input_size)
     m = evaluate(model.to(device), test_loader, device)
     rows = [{"percent": 0.0, "threshold": None, "params": params0, "params_kept": 1.0,
              "flops": flops0, "flops_kept": 1.0, "acc": m["acc"], "loss": m["loss"],
              "reference": True}]
+    keyword = {"percent": "percent", "flops": "target_flops", "params": "target_params"}[axis]
     for p in sorted(set(percents)):
         if p == 0:
             continue
-        result = prune(model, percent=p, min_channels=min_channels)
+        result = prune(model, **{keyword: p}, min_channels=min_channels, **(options or {}))
+        if repair is not None:
+            repair(result.model)
         m = evaluate(result.model.to(device), test_loader, device)
         params, flops = count_params(result.model), count_flops(result.model, input_size)
-        rows.append({"percent": p, "threshold": result.threshold, "params": params,
-                     "params_kept": params / params0, "flops": flops, "flops_kept": flops / flops0,
-                     "acc": m["acc"], "loss": m["loss"], "reference": False})
+        cut = sum(int((~k).sum()) for k in result.cfg_mask) / sum(k.numel() for k in result.cfg_mask)
+        row = {"percent": p if axis == "percent" else round(cut, 4), "threshold": result.threshold,
+               "params": params, "params_kept": params / params0, "flops": flops,
+               "flops_kept": flops / flops0, "acc": m["acc"], "loss": m["loss"], "reference": False}
+        if axis != "percent":
+            row["target"] = p
+        rows.append(row)
     return rows
 
 

@@ -68,7 +68,7 @@ def run_training(args, make_model: Callable[[int, torch.device, dict], tuple[nn.
     folder exists) until the end.
     """
     from .engine import Trainer, make_optimizer, make_scheduler
-    from .sparsity import BNSparsity
+    from .sparsity import BNSparsity, SparsityController
 
     device = device_for(args)
     dist = init_distributed(device.type == "cuda")
@@ -112,6 +112,8 @@ def run_training(args, make_model: Callable[[int, torch.device, dict], tuple[nn.
                                        args.nesterov, args.no_wd_bn)
             scheduler = make_scheduler(optimizer, args.epochs, args.sched, args.warmup_epochs)
             sparsity = BNSparsity(model, args.sparsity) if args.sparsity > 0 else None
+            controller = (SparsityController(args.sparsity_target)
+                          if getattr(args, "sparsity_target", None) and sparsity else None)
             net = model
             if dist.enabled:
                 net = nn.parallel.DistributedDataParallel(
@@ -123,7 +125,7 @@ def run_training(args, make_model: Callable[[int, torch.device, dict], tuple[nn.
                 amp_dtype = AMP_DTYPES[args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")]
             trainer = Trainer(net, optimizer, scheduler, device, sparsity=sparsity, amp_dtype=amp_dtype,
                               grad_clip=args.grad_clip, label_smoothing=args.label_smoothing,
-                              channels_last=args.channels_last, dist=dist)
+                              channels_last=args.channels_last, dist=dist, controller=controller)
             start_epoch, best_acc = 0, 0.0
             if resumed is not None:
                 try:

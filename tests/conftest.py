@@ -24,6 +24,23 @@ def randomize_bn(model: nn.Module, gen: torch.Generator, zero_frac: float = 0.0)
                 m.running_var.copy_(torch.rand(n, generator=gen) + 0.5)
 
 
+def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.5) -> None:
+    """Gammas as sparsity training leaves them, in every BatchNorm: a fraction ``small`` near
+    zero (1e-3 of their size), the rest in (0.1, 1), signs mixed; random betas and running
+    statistics."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                n = m.num_features
+                w = (torch.rand(n, generator=g) * 0.9 + 0.1) * torch.sign(torch.randn(n, generator=g))
+                w[torch.rand(n, generator=g) < small] *= 1e-3
+                m.weight.copy_(w)
+                m.bias.copy_(torch.randn(n, generator=g) * 0.3)
+                m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
+                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+
+
 def random_cfg(arch: str, rng: random.Random, depth: int = 11, lo: int = 1, hi: int = 24) -> list:
     """A cfg of the family's shape with random widths."""
     if arch == "nin":

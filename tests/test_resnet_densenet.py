@@ -103,7 +103,7 @@ def test_pruned_equals_zeroed_original(arch, depth, seed):
     x = torch.randn(3, 3, 32, 32, generator=gen)
     for percent in PERCENTS:
         min_channels = rng.randint(1, 3)
-        result = prune(model, percent=percent, min_channels=min_channels)
+        result = prune(model, percent=percent, min_channels=min_channels, compensate=False)
         expected = zeroed_reference(model, result.cfg_mask)(x)
         assert rel_diff(result.model(x), expected) < 1e-4, (arch, depth, percent)
         kept = [int(m.sum()) for m in result.cfg_mask]
@@ -115,7 +115,8 @@ def test_pruned_equals_zeroed_original(arch, depth, seed):
         rebuilt.load_state_dict(result.model.state_dict())
         assert torch.equal(rebuilt(x), result.model(x))
         # prune the pruned network: masks now cover each BN's own (already narrower) channels
-        twice = prune(result.model, percent=rng.choice([0.2, 0.5]), min_channels=min_channels)
+        twice = prune(result.model, percent=rng.choice([0.2, 0.5]), min_channels=min_channels,
+                      compensate=False)
         assert [m.numel() for m in twice.cfg_mask] == kept
         expected = zeroed_reference(result.model, twice.cfg_mask)(x)
         assert rel_diff(twice.model(x), expected) < 1e-4, (arch, depth, percent, "twice")
@@ -128,7 +129,7 @@ def test_equivalence_holds_in_training_mode_too(arch, depth):
     gen = torch.Generator().manual_seed(3)
     model = models.build(arch, depth=depth)
     randomize_bn(model, gen, zero_frac=0.3)
-    result = prune(model, percent=0.5)
+    result = prune(model, percent=0.5, compensate=False)
     ref = zeroed_reference(model, result.cfg_mask).train()
     x = torch.randn(4, 3, 32, 32, generator=gen)
     assert result.model.training
@@ -167,7 +168,7 @@ def test_full_depth_prunes_at_60_percent_for_any_gammas(arch, gammas):
     model = models.build(arch, num_classes=100).eval()
     randomize_bn(model, gen)
     gammas(model, gen)
-    result = prune(model, percent=0.6)
+    result = prune(model, percent=0.6, compensate=False)
     n = sum(m.numel() for m in result.cfg_mask)
     assert n - sum(result.cfg) <= int(0.6 * n) and min(result.cfg) >= 1
     x = torch.randn(1, 3, 32, 32, generator=gen)
