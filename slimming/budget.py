@@ -18,6 +18,8 @@ from torch import nn
 from .errors import SlimmingError
 from .stats import count_flops, count_params
 
+_NAME = {"flops": "FLOPs", "params": "parameters"}  # in messages
+
 
 def parse_budget(value: float, full: int, what: str) -> float:
     """A budget as an absolute count: R in (0, 1) is a fraction of ``full``, R >= 1 a count."""
@@ -26,7 +28,7 @@ def parse_budget(value: float, full: int, what: str) -> float:
     target = value * full if value < 1 else value
     if target >= full:
         raise SlimmingError(f"--target-{what} {value:g} is at or above the unpruned model's "
-                            f"{full:.4g} {what}: nothing to cut")
+                            f"{full:.4g} {_NAME[what]}: nothing to cut")
     return target
 
 
@@ -55,7 +57,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
     lo, hi = 0, total - 1  # k removed channels; k = total - 1 is the most select() allows
     best = at(hi)
     if best[1] > target:
-        raise SlimmingError(f"a {what} budget of {target:.4g} cannot be met: the smallest network "
+        raise SlimmingError(f"a budget of {target:.4g} {_NAME[what]} cannot be met: the smallest network "
                             f"--min-channels, --max-layer-prune and --round-to allow has {best[1]:.4g}")
     while lo < hi:  # the smallest k whose network meets the budget
         mid = (lo + hi) // 2

@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(expand_config(parser, argv))
-    check_args(parser, args)
+    check_args(Parser(prog=f"slimming {args.command}", add_help=False), args)  # errors name the command
     runs.new_command()
     name = f"slimming {args.command}"
     with handle_signals():

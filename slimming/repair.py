@@ -8,7 +8,7 @@ Compensation adds it back where it belongs: a layer that read the cut channel c 
 received, at every output o, the constant ``sum_kh,kw W[o, c, kh, kw] * act(beta_c)``; that goes
 into the layer's bias, or, for a layer without one that feeds a BatchNorm directly, into that
 BatchNorm's running mean (subtracted: BN(z + d) with mean m equals BN(z) with mean m - d).
-The constants are read off the original network itself: it is run on two random images with
+The constants are read off the original network itself: it is run on 8 random images with
 the cut channels' gamma set to zero (the network sparsity training approaches), and what each
 reader received from the cut channels is computed with its own weights and averaged over its
 output positions (the same for every image, or the channel is not constant and is left). The

@@ -70,8 +70,9 @@ def parse_percents(text: str, name: str = "--percents") -> list[float]:
         values = numbers
     if any(not 0 <= v < 1 for v in values):
         bad = next(v for v in values if not 0 <= v < 1)
-        raise SlimmingError(f"{flag}: every percent must be in [0, 1) (the fraction of channels "
-                            f"removed), got {bad:g}")
+        what = ("percent must be in [0, 1) (the fraction of channels removed)" if name == "--percents"
+                else "budget must be a fraction in (0, 1) of the unpruned model's count")
+        raise SlimmingError(f"{flag}: every {what}, got {bad:g}")
     values = sorted(set(values))
     if len(values) > MAX_POINTS:
         raise SlimmingError(f"{flag}: {len(values)} points; at most {MAX_POINTS} per sweep (each "

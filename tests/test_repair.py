@@ -234,7 +234,7 @@ def test_prune_sweep_and_pipeline_take_budgets(tmp_path, capsys):
     assert main(["prune", "--checkpoint", str(tmp_path / "m.pth"), "--target-flops", "0.5", "--round-to", "8",
                  "--save", str(tmp_path / "p"), "--cpu"]) == 0
     out = capsys.readouterr().out
-    assert "flops budget" in out and "achieved" in out and "compensation:" in out
+    assert "FLOPs budget" in out and "achieved" in out and "compensation:" in out
     pruned = torch.load(tmp_path / "p" / "pruned.pth", weights_only=True)
     assert pruned["budget"]["achieved"] <= pruned["budget"]["target"]
     assert main(["sweep", "--checkpoint", str(tmp_path / "m.pth"), "--target-params", "0.3,0.6",
