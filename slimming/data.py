@@ -20,7 +20,9 @@ An image folder is listed and read by ``slimming.images`` (each file's size chec
 header before it is decoded, symlink loops not followed). What its headers say and its measured
 mean and std are cached in a small checksummed file; for the fast loader its pixels are decoded
 once and cached as a checksummed ``.pt`` file. Both are verified before every use and keyed by
-the folder's listing, so a changed folder is read again.
+the folder's listing, so a changed folder is read again. ``--data-root`` may also name an image
+pack (``slimming.packed``: the folder's JPEGs in one file), decoded once on the training device
+(nvJPEG on CUDA) by the fast loader, which alone serves it.
 
 What was chosen (image size, recipe, mean and std, loader) is ``DataInfo``, the ``info``
 attribute of every loader and dataset built here: store ``info.as_dict()`` in a checkpoint.
@@ -58,10 +60,11 @@ from .imagefolder import (  # noqa: F401 (CACHE_*, INFO_*, STATS_IMAGES, STATS_S
     _Folder,
     _folder_stats,
     _listing,
+    _measure_images,
     _scan,
     default_root,
 )
-from .images import MAX_PIXELS
+from .images import MAX_PIXELS, shown
 from .loaders import (  # noqa: F401 (crop_flip, normalize: re-exported)
     EpochDataLoader,
     TensorLoader,
@@ -70,6 +73,7 @@ from .loaders import (  # noqa: F401 (crop_flip, normalize: re-exported)
     crop_flip,
     normalize,
 )
+from .packed import Pack, decode_pack, read_pack
 from .recipes import (  # noqa: F401 (PADDING, padding_for, transforms: re-exported)
     IMAGENET_STATS,
     LARGE_SIZE,
@@ -264,13 +268,13 @@ def _not_fast(sizes: Counter, image_size: int, resize: int | None) -> str | None
 
 
 def _plan(name: str, root, cache_dir, image_size, norm) -> tuple:
-    """``(root, folder or None, sizes, N, resize, (norm kind, mean, std))`` for the arguments of
-    ``build_loaders``/``build_datasets``; an image folder's headers are all read (or their
-    cached sizes) here."""
+    """``(root, folder or pack or None, sizes, N, resize, (norm kind, mean, std))`` for the
+    arguments of ``build_loaders``/``build_datasets``; an image folder's headers are all read (or
+    their cached sizes) here, a pack's index (``slimming.packed``: a file, not a folder)."""
     root = _resolve_root(name, root)
     image_size, norm = _image_size(image_size), _norm(norm)
     if name == "imagefolder":
-        folder = _scan(_listing(root), cache_dir)
+        folder = read_pack(root) if os.path.isfile(root) else _scan(_listing(root), cache_dir)
         sizes = folder.sizes
     else:
         folder, sizes = None, Counter({(SMALL_SIZE, SMALL_SIZE): BUILTIN_IMAGES[name]})
@@ -282,9 +286,12 @@ def _plan(name: str, root, cache_dir, image_size, norm) -> tuple:
 
 # --------------------------------------------------------------------------- datasets
 
-def _datasets(name: str, root: Path, download: bool, folder: _Folder | None, image_size: int,
+def _datasets(name: str, root: Path, download: bool, folder: _Folder | Pack | None, image_size: int,
               resize: int | None, norm: tuple, workers: int, say: bool):
     """(train set, test set, number of classes, DataInfo) for the DataLoader path."""
+    if isinstance(folder, Pack):
+        raise DataError(f"{shown(root)}: an image pack is read by the fast loader only (--loader "
+                        "fast, its images at their own size); for the DataLoader path use the folder")
     kind, mean, std = norm
     if folder is not None and mean is None:
         mean, std = _folder_stats(folder, image_size, resize, workers=workers, say=say)
@@ -346,12 +353,12 @@ def load_images(name: str, root: str | os.PathLike | None = None, download: bool
                 cache_dir: str | os.PathLike | None = None):
     """The whole dataset as tensors at its own size: ``(train_images uint8 (N, 3, H, W),
     train_labels int64 (N,), test_images (M, 3, H, W), test_labels (M,), num_classes)``; H = W
-    = 32 but for an image folder, whose images must all be of one size."""
+    = 32 but for an image folder or pack, whose images must all be of one size."""
     root = _resolve_root(name, root)
     if name == "synthetic":
         return *synthetic_images(2560, split_seed=1), *synthetic_images(512, split_seed=2), 10
     if name == "imagefolder":
-        b = decode_imagefolder(root, cache_dir)
+        b = decode_pack(root) if os.path.isfile(root) else decode_imagefolder(root, cache_dir)
         return b["train_images"], b["train_labels"], b["test_images"], b["test_labels"], len(b["classes"])
     train, test = _cifar(name, root, download)
 
@@ -402,6 +409,8 @@ def build_loaders(name: str, root: str | os.PathLike | None = None, batch_size: 
         if why is None:
             return _fast_loaders(name, root, download, cache_dir, folder, image_size, norm,
                                  batch_size, test_batch, seed, device, rank, world_size, say)
+        if isinstance(folder, Pack):
+            raise DataError(f"{shown(root)}: an image pack is read by the fast loader only, but {why}")
         if say:
             print(f"slimming: {why}; using the DataLoader path with --workers {workers}", file=sys.stderr)
     # a batch larger than the set is the whole set: the same batches, and DataLoader's sampler
@@ -427,17 +436,21 @@ def _fast_loaders(name, root, download, cache_dir, folder, image_size, norm, bat
                   seed, device, rank, world_size, say):
     """Two TensorLoaders (images all NxN already, pad-and-crop recipe)."""
     kind, mean, std = norm
-    if folder is not None:
-        blob = _decoded(folder.listing, cache_dir, (image_size, image_size))
+    pack, split = isinstance(folder, Pack), "test"
+    if folder is not None:  # a pack is decoded on the training device itself (nvJPEG on CUDA)
+        blob = decode_pack(root, device) if pack else _decoded(folder.listing, cache_dir,
+                                                               (image_size, image_size))
         train_x, train_y, test_x, test_y = (blob[k] for k in ("train_images", "train_labels",
                                                                "test_images", "test_labels"))
-        num_classes = len(folder.listing.classes)
-        if mean is None:
+        num_classes = len(blob["classes"])
+        if mean is None and pack:
+            mean, std, _ = _measure_images(train_x)
+        elif mean is None:
             mean, std = _folder_stats(folder, image_size, None, images=train_x, say=say)
+        split = folder.test_split if pack else folder.listing.test_split
     else:
         train_x, train_y, test_x, test_y, num_classes = load_images(name, root, download)
-    info = DataInfo(image_size, None, tuple(mean), tuple(std), kind, "fast",
-                    folder.listing.test_split if folder is not None else "test")
+    info = DataInfo(image_size, None, tuple(mean), tuple(std), kind, "fast", split)
     common = dict(mean=mean, std=std, seed=seed, device=device, rank=rank, world_size=world_size,
                   padding=info.padding)
     train = TensorLoader(train_x, train_y, min(batch_size, len(train_y)), train=True, **common)

@@ -79,7 +79,8 @@ def _list_imagefolder(root: Path) -> tuple[list[str], list[tuple[str, int]], lis
     ImageFolder does (``slimming.images.list_images``); samples are (path, label)."""
     if not root.is_dir():
         raise DataError(f"{shown(root)}: no such folder; --data-root must be a folder holding "
-                        "train/<class>/<image> and test/<class>/<image> (or val/<class>/<image>)")
+                        "train/<class>/<image> and test/<class>/<image> (or val/<class>/<image>), "
+                        "or an image pack")
     if not (root / "train").is_dir():
         raise DataError(f"{shown(root)}: expected the layout train/<class>/<image> (no train/ folder)")
     split = next((s for s in ("test", "val") if (root / s).is_dir()), None)
@@ -290,6 +291,13 @@ def _measure(batches: Iterable[torch.Tensor]) -> tuple[tuple[float, ...], tuple[
     return tuple(mean.tolist()), tuple(std.tolist()), images
 
 
+def _measure_images(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """``_measure`` of the fixed sample (``_stats_sample``) of decoded uint8 images (N, 3, H, W)
+    on any device (the sample is counted on the CPU)."""
+    index = _stats_sample(len(images))
+    return _measure(images[index[i:i + 256].to(images.device)].cpu() for i in range(0, len(index), 256))
+
+
 def _folder_stats(folder: _Folder, image_size: int, resize: int | None, *, workers: int = 0,
                   images: torch.Tensor | None = None, say: bool = True) -> tuple[tuple, tuple]:
     """The mean and std of the folder's training images as the network sees them at
@@ -302,14 +310,13 @@ def _folder_stats(folder: _Folder, image_size: int, resize: int | None, *, worke
         return entry["mean"], entry["std"]
     start = time.perf_counter()
     if images is not None:
-        batches = (images[index[i:i + 256]] for i in range(0, len(index), 256))
+        mean, std, n = _measure_images(images)
     else:
         transform = None if resize is None else make_transform(image_size, resize, (), (), False,
                                                                normalize=False)
         files = ImageFiles(folder.listing.classes, [train[i] for i in index.tolist()], transform)
         loader = DataLoader(files, batch_size=64, num_workers=workers if len(files) >= 512 else 0)
-        batches = (x for x, _ in loader)
-    mean, std, n = _measure(batches)
+        mean, std, n = _measure(x for x, _ in loader)
     folder.stats[image_size] = {"images": n, "mean": mean, "std": std}
     _write_cache(_info_blob(folder), folder.path, "image-information", "the next run measures again")
     if say:
