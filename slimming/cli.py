@@ -21,10 +21,11 @@ CONFIG_MAX_DEPTH = 4
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows "(default: X)" for every flag that has a real default (not None/False)."""
+    """Shows "(default: X)" for every flag that has a real default (not None or a switch's bool)."""
 
     def _get_help_string(self, action):
-        if action.default in (None, False, argparse.SUPPRESS) or "%(default)" in (action.help or ""):
+        if (action.default is None or isinstance(action.default, bool) or action.default is argparse.SUPPRESS
+                or "%(default)" in (action.help or "")):
             return action.help
         return super()._get_help_string(action)
 
@@ -131,7 +132,7 @@ def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "ci
     g.add_argument("--data-root", type=Path, default=None,
                    help="dataset folder (default: the checkpoint's when it says, else "
                    "~/.cache/slimming/data; for imagefolder a folder with train/<class>/* and "
-                   "test/<class>/*)")
+                   "test/<class>/*, or an image pack made by benchmarks/pack_images.py)")
     g.add_argument("--download", action="store_true", help="download CIFAR if it is missing")
     g.add_argument("--batch-size", type=positive_int, default=64, help="images per step, per process")
     g.add_argument("--loader", choices=("fast", "torchvision"), default="fast",
@@ -214,8 +215,9 @@ def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | N
     add_device_flags(p)
 
 
-def add_shape_flags(g) -> None:
-    """What every cut respects, however its size is chosen."""
+def add_shape_flags(g, recalibrate: int = 0) -> None:
+    """What every cut respects, however its size is chosen; ``recalibrate``: the default of
+    --recalibrate-bn (50 where the data is at hand anyway: sweep, pipeline)."""
     g.add_argument("--min-channels", type=positive_int, default=1,
                    help="channels every layer keeps at least")
     g.add_argument("--round-to", type=positive_int, default=1, metavar="K",
@@ -226,12 +228,12 @@ def add_shape_flags(g) -> None:
     g.add_argument("--no-compensate", dest="compensate", action="store_false",
                    help="the paper's cut: drop the constant a cut channel still emits instead of "
                    "folding it into the next layer")
-    g.add_argument("--recalibrate-bn", type=count, default=0, metavar="N",
+    g.add_argument("--recalibrate-bn", type=count, default=recalibrate, metavar="N",
                    help="after the cut, re-estimate every BatchNorm's statistics on N training "
                    "batches (needs the data; 0 = off)")
 
 
-def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
+def add_prune_flags(p: argparse.ArgumentParser, required: bool, recalibrate: int = 0) -> None:
     g = p.add_argument_group("sparsity")
     how = g.add_mutually_exclusive_group(required=required)
     how.add_argument("--percent", type=fraction,
@@ -242,7 +244,7 @@ def add_prune_flags(p: argparse.ArgumentParser, required: bool) -> None:
                      "or a count such as 2.5e8")
     how.add_argument("--target-params", type=positive_float, metavar="R",
                      help="prune to a parameter budget: a fraction in (0, 1) or a count")
-    add_shape_flags(g)
+    add_shape_flags(g, recalibrate)
 
 
 def add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
@@ -315,7 +317,7 @@ def build_parser() -> Parser:
                       "0.3:0.9:0.1")
     axis.add_argument("--target-params", default=None, metavar="LIST",
                       help="sweep parameter budgets: fractions, e.g. 0.2,0.5")
-    add_shape_flags(g)
+    add_shape_flags(g, recalibrate=50)
     g = p.add_argument_group("output")
     g.add_argument("--save", type=Path, required=True, metavar="DIR",
                    help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
@@ -349,7 +351,7 @@ def build_parser() -> Parser:
     p = sub.add_parser("pipeline", help="sparsity training -> prune -> fine-tune -> report, resumable")
     add_model_flags(p, "vgg", build=True)
     add_training_flags(p, epochs=160)
-    add_prune_flags(p, required=True)
+    add_prune_flags(p, required=True, recalibrate=50)
     g = p.add_argument_group("training")
     g.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")
     g.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")

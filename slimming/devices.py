@@ -6,6 +6,7 @@ with a one-line notice, printed once per command however many stages it runs.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -49,3 +50,16 @@ def announce(device: torch.device, chosen: bool) -> None:
     if device.type == "cpu" and not chosen and not _notice["shown"]:
         print(NO_CUDA_NOTICE, file=sys.stderr)
         _notice["shown"] = True
+
+
+@contextlib.contextmanager
+def full_precision():
+    """TF32 off for CUDA matmuls and convolutions (cuDNN allows it by default), restored after:
+    for numbers compared with the CPU's or another runtime's (export checks) or saved into a
+    file that should not depend on the device (compensation's constants)."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

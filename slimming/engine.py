@@ -227,17 +227,21 @@ class Trainer:
                    "sparsity": self.sparsity.strength if self.sparsity else 0.0,
                    "amp_skipped": train["skipped"], "seconds": round(time.perf_counter() - start, 3)}
             if self.controller is not None and self.sparsity is not None:
+                group = self.optimizer.param_groups[0]  # the scheduler has stepped: the next epoch's lr
                 self.sparsity.strength = self.controller.update(
-                    self.sparsity.strength, epoch, epochs, row["gamma_lt_1e-2"])
+                    self.sparsity.strength, epoch, epochs, row["gamma_lt_1e-2"],
+                    group["lr"] / group.get("initial_lr", group["lr"]))
             is_best = test["acc"] > best_acc
             best_acc = max(best_acc, test["acc"])
             if self.dist.is_main:
+                # the row first: a kill before last.pth leaves a row that --resume drops and redoes
+                # (keep_metrics), never a checkpoint whose epoch has no row
+                append_line(save_dir / "metrics.jsonl", json.dumps(row))
                 ckpt = checkpoint_dict(self.model, epoch=epoch + 1, acc=test["acc"],
                                        best_acc=best_acc, **self.state_dict(), **(extra or {}))
                 save_checkpoint(ckpt, save_dir / "last.pth")
                 if is_best:
                     save_checkpoint(ckpt, save_dir / "best.pth")
-                append_line(save_dir / "metrics.jsonl", json.dumps(row))
                 skipped = f"  amp skipped {train['skipped']}" if self.scaler.is_enabled() else ""
                 log(f"epoch {epoch + 1}/{epochs}  lr {lr:.4g}  train loss {train['loss']:.4f}  "
                     f"test loss {test['loss']:.4f}  test acc {test['acc']:.2f}%  "

@@ -34,12 +34,14 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from .devices import full_precision
 from .errors import SlimmingError
 
 _BN = nn.modules.batchnorm._BatchNorm
 
 
 @torch.no_grad()
+@full_precision()  # the constants go into the file: not TF32's on CUDA
 def compensate(original: nn.Module, result, example: torch.Tensor, probes: int = 8) -> dict:
     """Fold the constant outputs of ``result``'s cut channels into ``result.model`` (in place);
     ``original`` is left as it was. Returns {"layers", "folded", "unfolded", "applied"}:

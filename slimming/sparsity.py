@@ -59,11 +59,15 @@ class SparsityController:
     of training, a fraction F of the prunable |gamma| sits under ``bound`` (1e-2), instead of a
     strength the user has to guess.
 
-    The goal after epoch e of E rises linearly to F by three quarters of the run (the last
-    quarter, at a low learning rate, is left to settle): g_e = F * min(1, (e + 1) / (0.75 E)).
-    After each epoch the fraction f_e actually under the bound is measured and the strength is
-    multiplied by 2 ** clip(4 (g_e - f_e) / F, -1, 1): up to doubled when behind the goal, up
-    to halved when ahead, unchanged on it. It starts from ``--sparsity``.
+    The L1 term moves a gamma by about lr * strength per step, so sparsity is made while the
+    learning rate is high; at a low one, raising the strength moves the gammas little and
+    costs accuracy. So the goal after epoch e of E rises linearly to F by half of the run
+    (the step schedule's first decay, the cosine's half-way point):
+    g_e = F * min(1, (e + 1) / (E / 2)). After each epoch the fraction f_e actually under the
+    bound is measured and the strength is multiplied by 2 ** clip(4 (g_e - f_e) / F, -1, 1):
+    up to doubled when behind the goal, up to halved when ahead, unchanged on it; but never
+    raised once the next epoch's learning rate is under half its peak. It starts from
+    ``--sparsity``.
     """
 
     def __init__(self, target: float, bound: float = 1e-2):
@@ -72,9 +76,14 @@ class SparsityController:
         self.target, self.bound = target, bound
 
     def goal(self, epoch: int, epochs: int) -> float:
-        return self.target * min(1.0, (epoch + 1) / max(0.75 * epochs, 1.0))
+        return self.target * min(1.0, (epoch + 1) / max(0.5 * epochs, 1.0))
 
-    def update(self, strength: float, epoch: int, epochs: int, fraction: float) -> float:
-        """The strength for the next epoch, after ``epoch`` (0-based) ended at ``fraction``."""
+    def update(self, strength: float, epoch: int, epochs: int, fraction: float,
+               lr_ratio: float = 1.0) -> float:
+        """The strength for the next epoch, after ``epoch`` (0-based) ended at ``fraction``;
+        ``lr_ratio``: the next epoch's learning rate over its peak."""
         error = (self.goal(epoch, epochs) - fraction) / self.target
-        return strength * 2.0 ** max(-1.0, min(1.0, 4.0 * error))
+        step = max(-1.0, min(1.0, 4.0 * error))
+        if lr_ratio < 0.5:
+            step = min(step, 0.0)
+        return strength * 2.0 ** step

@@ -210,7 +210,8 @@ def test_version_and_grouped_help_with_defaults(capsys):
         assert sub.get_default("cpu") is False and "--device DEVICE" in text
         for action in sub._actions:  # every flag says what it is, and its real default
             assert action.help, (name, action.dest)
-            if action.default not in (None, False, "==SUPPRESS==") and action.option_strings:
+            switch = isinstance(action.default, bool)  # a switch: its help says what it does
+            if action.default not in (None, "==SUPPRESS==") and not switch and action.option_strings:
                 assert "(default:" in sub._get_formatter()._format_action(action) or \
                     "default" in action.help, (name, action.dest)
     train = parser._subparsers._group_actions[0].choices["train"].format_help()
@@ -251,6 +252,16 @@ def test_prune_rebuilds_on_cuda_and_saves_the_cpu_file(sparse_run, tmp_path, cap
     assert run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5", "--save",
                tmp_path / "cpu", "--cpu")[0] == 0
     gpu, cpu = (load_model(tmp_path / d / "pruned.pth").state_dict() for d in ("gpu", "cpu"))
+    assert gpu.keys() == cpu.keys()
+    # the kept weights are copied: equal bit for bit; compensation's constants are computed on
+    # the device in float32 (TF32 off), so they may differ in the last bits
+    folded = {k for k in cpu if k.endswith(("running_mean", "bias")) and not torch.equal(gpu[k], cpu[k])}
+    assert all(torch.equal(gpu[k], cpu[k]) for k in cpu if k not in folded)
+    assert all(torch.allclose(gpu[k], cpu[k], rtol=1e-4, atol=1e-5) for k in folded)
+    for d in ("gpu", "cpu"):  # and with the paper's cut, the whole file is the same
+        assert run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5", "--save",
+                   tmp_path / f"{d}-paper", "--no-compensate", *(["--cpu"] if d == "cpu" else []))[0] == 0
+    gpu, cpu = (load_model(tmp_path / f"{d}-paper" / "pruned.pth").state_dict() for d in ("gpu", "cpu"))
     assert all(torch.equal(gpu[k], cpu[k]) for k in cpu)
 
 

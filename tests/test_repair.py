@@ -198,10 +198,14 @@ def test_rounded_widths_and_the_per_layer_cap(arch):
 
 def test_the_controller_doubles_halves_or_holds():
     c = SparsityController(0.6)
-    assert c.goal(0, 8) == pytest.approx(0.1) and c.goal(5, 8) == pytest.approx(0.6)
+    assert c.goal(0, 8) == pytest.approx(0.15) and c.goal(3, 8) == pytest.approx(0.6)  # F by half-way
+    assert c.goal(7, 8) == pytest.approx(0.6)
     assert c.update(1e-4, 5, 8, 0.0) == pytest.approx(2e-4)  # far behind
     assert c.update(1e-4, 5, 8, 0.9) == pytest.approx(0.5e-4)  # far ahead
     assert c.update(1e-4, 5, 8, 0.6) == pytest.approx(1e-4)  # on the goal
+    assert c.update(1e-4, 5, 8, 0.45) == pytest.approx(2e-4)  # behind by a quarter of F: doubled
+    assert c.update(1e-4, 5, 8, 0.0, lr_ratio=0.1) == pytest.approx(1e-4)  # low lr: never raised
+    assert c.update(1e-4, 5, 8, 0.9, lr_ratio=0.1) == pytest.approx(0.5e-4)  # but still lowered
     with pytest.raises(slimming.SlimmingError):
         SparsityController(1.5)
 
@@ -215,9 +219,10 @@ def test_sparsity_target_from_the_command_line(tmp_path, capsys):
     rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines()]
     c = SparsityController(0.6)
     strength = 1e-3
+    next_lr = [r["lr"] for r in rows[1:]] + [1e-3]  # the step schedule: 0.1, 0.01, 0.001, then 1e-3
     for e, row in enumerate(rows):
         assert row["sparsity"] == pytest.approx(strength)
-        strength = c.update(strength, e, 3, row["gamma_lt_1e-2"])
+        strength = c.update(strength, e, 3, row["gamma_lt_1e-2"], next_lr[e] / 0.1)
     last = torch.load(save / "last.pth", weights_only=True)
     assert last["sparsity_strength"] == pytest.approx(strength)  # what a resumed run continues with
     capsys.readouterr()
