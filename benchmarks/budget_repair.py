@@ -6,7 +6,7 @@ Part A: right after pruning, on the same sparse checkpoints (15 epochs at --spar
 recalibration (and the paper's cut + recalibration, to see each repair alone).
 Part B: the whole path with the controller: a baseline trained as many epochs as the path in
 all; sparsity training steered to a target fraction of |gamma| under 1e-2; prune to a FLOPs
-budget of 0.5; a short fine-tune.
+budget of 0.5 (compensated, BatchNorm recalibrated, as pipeline does); a short fine-tune.
 Part C: --target-flops 0.5 on VGG-19, ResNet-164 and DenseNet-40 (sparsity-shaped gammas): the
 FLOPs achieved against the budget.
 Part D: --round-to 8 and 16 against plain widths for the same FLOPs budget on VGG-19: CPU
@@ -20,30 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-from common import sparsity_shaped
+from common import accuracy, run, sparsity_shaped
 
 import models
 import slimming
-from slimming.cli import main as slimming_main
 from slimming.repair import recalibrate_bn
 from slimming.stats import count_flops, count_params, latency_ms
 
 CFG = "16,M,32,M,64,64,M,128,128,M,128,128"
 RECALIBRATE = 50  # batches of 64 training images
-
-
-def run(*argv) -> float:
-    argv = [str(a) for a in argv]
-    print("$ slimming " + " ".join(argv), flush=True)
-    start = time.perf_counter()
-    if slimming_main(argv) != 0:
-        sys.exit(f"stage failed: {' '.join(argv)}")
-    return time.perf_counter() - start
 
 
 def data_for(root: Path, path: Path):
@@ -54,12 +43,6 @@ def data_for(root: Path, path: Path):
     train, test, _ = build_loaders("imagefolder", root, 64, seed=0, image_size=record["image_size"],
                                    norm=(tuple(record["mean"]), tuple(record["std"])))
     return train, test
-
-
-def accuracy(model, loader) -> float:
-    from slimming.engine import evaluate
-
-    return evaluate(model.eval(), loader, torch.device("cpu"), show_progress=False)["acc"]
 
 
 def part_a(root: Path, out: Path, epochs: int) -> dict:
@@ -96,9 +79,11 @@ def part_b(root: Path, out: Path, epochs: int, ft_epochs: int, target: float) ->
     seconds["sparse"] = run("train", "--arch", "vgg", "--cfg", CFG, "--epochs", epochs, "--sparsity", "1e-4",
                             "--sparsity-target", target, *data, "--resume", "auto", "--save", out / "target")
     seconds["prune"] = run("prune", "--checkpoint", out / "target" / "last.pth", "--target-flops", "0.5",
-                           "--save", out / "target-pruned", "--overwrite", "--cpu")
-    seconds["finetune"] = run("finetune", "--checkpoint", out / "target-pruned" / "pruned.pth", "--epochs",
-                              ft_epochs, "--lr", "0.01", *data, "--resume", "auto", "--save", out / "target-ft")
+                           "--recalibrate-bn", RECALIBRATE, "--save", out / "target-pruned", "--overwrite",
+                           "--cpu")
+    seconds["finetune"] = run("finetune", "--checkpoint", out / "target-pruned" / "pruned.pth",
+                              "--epochs", ft_epochs, "--lr", "0.01", *data, "--resume", "auto",
+                              "--save", out / "target-ft")
     _, test = data_for(root, out / "baseline" / "last.pth")
     result = {}
     for name, path in (("baseline", out / "baseline" / "last.pth"), ("sparse", out / "target" / "last.pth"),
@@ -132,7 +117,8 @@ def part_d() -> dict:
     sparsity_shaped(model, small=0.7)
     rows = {"full": model}
     for k in (1, 8, 16):
-        rows[f"round_to {k}"] = slimming.prune(model, target_flops=0.5, round_to=k, compensate=False).model.eval()
+        cut = slimming.prune(model, target_flops=0.5, round_to=k, compensate=False)
+        rows[f"round_to {k}"] = cut.model.eval()
     table = {}
     for name, m in rows.items():
         cell = {"flops": count_flops(m), "params": count_params(m)}

@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 import torch
 from torch import nn
 
 from slimming.prune import prunable_bns
+
+
+def run(*argv) -> float:
+    """``slimming ARGV...`` in this process (printed first); the seconds it took. Exits the
+    benchmark when the stage fails."""
+    from slimming.cli import main
+
+    argv = [str(a) for a in argv]
+    print("$ slimming " + " ".join(argv), flush=True)
+    start = time.perf_counter()
+    if main(argv) != 0:
+        sys.exit(f"stage failed: {' '.join(argv)}")
+    return time.perf_counter() - start
+
+
+def accuracy(model: nn.Module, loader) -> float:
+    """Top-1 test accuracy (%) of ``model`` in eval mode on the CPU."""
+    from slimming.engine import evaluate
+
+    return evaluate(model.eval(), loader, torch.device("cpu"), show_progress=False)["acc"]
 
 
 def sparsity_shaped(model: nn.Module, small: float = 0.7, seed: int = 0) -> None:

@@ -15,25 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from pathlib import Path
 
 import torch
+from common import accuracy, run
 
 import slimming
-from slimming.cli import main as slimming_main
 from slimming.importance import BNScale
 from slimming.stats import model_stats
-
-
-def run(*argv) -> float:
-    argv = [str(a) for a in argv]
-    print("$ slimming " + " ".join(argv), flush=True)
-    start = time.perf_counter()
-    if slimming_main(argv) != 0:
-        sys.exit(f"stage failed: {' '.join(argv)}")
-    return time.perf_counter() - start
 
 
 def test_loader(data_root: Path, ckpt: dict):
@@ -42,12 +31,6 @@ def test_loader(data_root: Path, ckpt: dict):
     data = ckpt["data"]
     return build_loaders("imagefolder", data_root, batch_size=256, image_size=data["image_size"],
                          norm=(tuple(data["mean"]), tuple(data["std"])))[1]
-
-
-def accuracy(model, loader) -> float:
-    from slimming.engine import evaluate
-
-    return evaluate(model.eval(), loader, torch.device("cpu"), show_progress=False)["acc"]
 
 
 def describe(model) -> dict:
