@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -111,7 +112,10 @@ def part_c() -> dict:
     return rows
 
 
-def part_d() -> dict:
+def part_d(rounds: int = 7) -> dict:
+    """Latency (ms) of each network, measured in ``rounds`` interleaved rounds (every network
+    and setting once a round, 20 timed passes each); the median over the rounds, so that a
+    disturbance on a shared machine moves one round, not one network's figure."""
     torch.manual_seed(0)
     model = models.build("vgg", depth=19).eval()
     sparsity_shaped(model, small=0.7)
@@ -119,14 +123,17 @@ def part_d() -> dict:
     for k in (1, 8, 16):
         cut = slimming.prune(model, target_flops=0.5, round_to=k, compensate=False)
         rows[f"round_to {k}"] = cut.model.eval()
+    settings = [(f"b{b}{'_channels_last' if cl else ''}", b, cl) for b in (1, 64) for cl in (False, True)]
+    samples = {(name, key): [] for name in rows for key, _, _ in settings}
+    for _ in range(rounds):
+        for name, m in rows.items():
+            for key, b, cl in settings:
+                samples[name, key].append(latency_ms(m, b, repeats=20, channels_last=cl))
     table = {}
     for name, m in rows.items():
-        cell = {"flops": count_flops(m), "params": count_params(m)}
-        for b in (1, 64):
-            cell[f"b{b}"] = latency_ms(m, b, repeats=30)
-            cell[f"b{b}_channels_last"] = latency_ms(m, b, repeats=30, channels_last=True)
-        table[name] = cell
-        print(name, cell, flush=True)
+        table[name] = {"flops": count_flops(m), "params": count_params(m),
+                       **{key: statistics.median(samples[name, key]) for key, _, _ in settings}}
+        print(name, table[name], flush=True)
     return table
 
 
