@@ -1,4 +1,6 @@
 import random
+import struct
+import zlib
 
 import pytest
 import torch
@@ -77,3 +79,14 @@ def init_calls(monkeypatch):
 
         monkeypatch.setattr(nn.init, name, spy)
     return calls
+
+
+def chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def png(width: int, height: int, depth: int, color: int, raw: bytes) -> bytes:
+    """A PNG written by hand: ``raw`` is the filtered scanlines (filter byte 0 + row bytes)."""
+    header = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
+            + chunk(b"IEND", b""))

@@ -5,15 +5,14 @@ Tiny data made here in tmp_path; runs in seconds on a CPU."""
 
 import os
 import shutil
-import struct
 import time
 import warnings
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import png
 from PIL import Image
 
 from slimming import images
@@ -41,17 +40,6 @@ def make_folder(root: Path, n: int = 2, seed: int = 0) -> Path:
             for i in range(n):
                 save(root / split / cls / f"{i}.png", rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
     return root
-
-
-def chunk(kind: bytes, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-
-def png(width: int, height: int, depth: int, color: int, raw: bytes) -> bytes:
-    """A PNG written by hand: ``raw`` is the filtered scanlines (filter byte 0 + row bytes)."""
-    header = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
-            + chunk(b"IEND", b""))
 
 
 def png16(pixels: np.ndarray) -> bytes:

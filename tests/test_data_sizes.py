@@ -5,12 +5,12 @@ and their cache, the ImageNet constants, the fast loader's memory limit, decompr
 
 import os
 import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import png
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
@@ -63,17 +63,6 @@ def square_folder(root: Path, size: int = 32, seed: int = 0) -> Path:
                 save(root / split / cls / f"{i}.png",
                      rng.integers(0, 256, (size, size, 3), dtype=np.uint8))
     return root
-
-
-def chunk(kind: bytes, payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
-
-
-def png(width: int, height: int, depth: int, color: int, raw: bytes) -> bytes:
-    """A PNG written by hand: ``raw`` is the filtered scanlines (filter byte 0 + row bytes)."""
-    header = struct.pack(">IIBBBBB", width, height, depth, color, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw))
-            + chunk(b"IEND", b""))
 
 
 def one_line(e: pytest.ExceptionInfo) -> str:
