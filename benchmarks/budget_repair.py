@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import accuracy, run, sparsity_shaped
+from common import accuracy, loaders_like, run, sparsity_shaped
 
 import models
 import slimming
@@ -36,16 +36,6 @@ CFG = "16,M,32,M,64,64,M,128,128,M,128,128"
 RECALIBRATE = 50  # batches of 64 training images
 
 
-def data_for(root: Path, path: Path):
-    from slimming.data import build_loaders
-
-    ckpt = slimming.load_checkpoint(path)
-    record = ckpt["data"]
-    train, test, _ = build_loaders("imagefolder", root, 64, seed=0, image_size=record["image_size"],
-                                   norm=(tuple(record["mean"]), tuple(record["std"])))
-    return train, test
-
-
 def part_a(root: Path, out: Path, epochs: int) -> dict:
     data = ["--dataset", "imagefolder", "--data-root", root, "--cpu", "--seed", "0"]
     rows = {}
@@ -54,7 +44,7 @@ def part_a(root: Path, out: Path, epochs: int) -> dict:
         run("train", "--arch", "vgg", "--cfg", CFG, "--epochs", epochs, "--sparsity", strength, *data,
             "--resume", "auto", "--save", save)
         sparse = slimming.load_model(save / "last.pth")
-        train, test = data_for(root, save / "last.pth")
+        train, test = loaders_like(root, slimming.load_checkpoint(save / "last.pth"))
         gammas = torch.cat([bn.weight.detach().abs() for bn in slimming.prunable_bns(sparse)])
         row = {"sparse": accuracy(sparse, test), "gamma_lt_1e-2": (gammas < 1e-2).float().mean().item()}
         for p in (0.5, 0.6, 0.7):
@@ -85,7 +75,7 @@ def part_b(root: Path, out: Path, epochs: int, ft_epochs: int, target: float) ->
     seconds["finetune"] = run("finetune", "--checkpoint", out / "target-pruned" / "pruned.pth",
                               "--epochs", ft_epochs, "--lr", "0.01", *data, "--resume", "auto",
                               "--save", out / "target-ft")
-    _, test = data_for(root, out / "baseline" / "last.pth")
+    _, test = loaders_like(root, slimming.load_checkpoint(out / "baseline" / "last.pth"))
     result = {}
     for name, path in (("baseline", out / "baseline" / "last.pth"), ("sparse", out / "target" / "last.pth"),
                        ("pruned", out / "target-pruned" / "pruned.pth"),

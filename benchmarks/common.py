@@ -24,6 +24,18 @@ def run(*argv) -> float:
     return time.perf_counter() - start
 
 
+def loaders_like(data_root, ckpt: dict, batch_size: int = 64):
+    """(train loader, test loader) of the image folder ``data_root`` as the checkpoint ``ckpt``
+    was trained on it: its image size, mean and std."""
+    from slimming.data import build_loaders
+
+    record = ckpt["data"]
+    train, test, _ = build_loaders("imagefolder", data_root, batch_size, seed=0,
+                                   image_size=record["image_size"],
+                                   norm=(tuple(record["mean"]), tuple(record["std"])))
+    return train, test
+
+
 def accuracy(model: nn.Module, loader) -> float:
     """Top-1 test accuracy (%) of ``model`` in eval mode on the CPU."""
     from slimming.engine import evaluate

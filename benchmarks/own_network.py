@@ -18,19 +18,11 @@ import json
 from pathlib import Path
 
 import torch
-from common import accuracy, run
+from common import accuracy, loaders_like, run
 
 import slimming
 from slimming.importance import BNScale
 from slimming.stats import model_stats
-
-
-def test_loader(data_root: Path, ckpt: dict):
-    from slimming.data import build_loaders
-
-    data = ckpt["data"]
-    return build_loaders("imagefolder", data_root, batch_size=256, image_size=data["image_size"],
-                         norm=(tuple(data["mean"]), tuple(data["std"])))[1]
 
 
 def describe(model) -> dict:
@@ -59,7 +51,7 @@ def main() -> None:
                       "--save", out / "sparse", "--resume", "auto")
         ckpt = slimming.load_checkpoint(out / "sparse" / "last.pth")
         sparse = slimming.load_model(out / "sparse" / "last.pth")
-        loader = test_loader(args.data_root, ckpt)
+        loader = loaders_like(args.data_root, ckpt, 256)[1]
         gammas = torch.cat([m.weight.detach().abs() for m in sparse.modules()
                             if isinstance(m, torch.nn.BatchNorm2d)])
         row = {"train_seconds": round(seconds),  # 0 when resumed after it finished

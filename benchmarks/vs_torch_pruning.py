@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from own_network import accuracy, test_loader
+from common import accuracy, loaders_like
 from torch import nn
 
 import slimming
@@ -73,7 +73,7 @@ def main() -> None:
     (a, b), (t_ours, t_theirs) = timed([ours, theirs], args.repeats)
     copies = iter([copy.deepcopy(model) for _ in range(args.repeats)])
     _, (t_in_place,) = timed([lambda: theirs(next(copies))], args.repeats)  # without its copy
-    loader = test_loader(args.data_root, ckpt)
+    loader = loaders_like(args.data_root, ckpt, 256)[1]
     names = [n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
     rows = [(n, model.get_submodule(n).num_features, a.get_submodule(n).num_features,
              b.get_submodule(n).num_features) for n in names]
