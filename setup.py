@@ -2,7 +2,7 @@ from setuptools import find_packages, setup
 
 PLOT = ["matplotlib>=3.5"]
 ONNX = ["onnx>=1.15", "onnxscript>=0.1", "onnxruntime>=1.17"]
-TIMM = ["timm>=1.0"]
+TIMM = ["timm>=1.0.8"]  # 1.0.8: the first with the test_* models the tests build
 
 setup(
     name="slimming",
@@ -11,7 +11,11 @@ setup(
                 "fine-tuning (Liu et al., ICCV 2017)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["slimming", "slimming.*", "models", "models.*"]),
+    # the repository's models/ folder (where users of the paper's code look for the networks)
+    # installs as slimming.models: a top-level "models" package would clash with the models/
+    # folder of the paper's repository and of YOLOv5 checkouts, where slimming is used
+    packages=[*find_packages(include=["slimming", "slimming.*"]), "slimming.models"],
+    package_dir={"slimming.models": "models"},
     python_requires=">=3.10",
     install_requires=[
         # >= 2.10: older releases have code-execution holes in the weights_only loader
@@ -20,7 +24,7 @@ setup(
         "torchvision>=0.25",
         "numpy>=1.24",
         "tqdm>=4.60",
-        "pyyaml>=5.4",
+        "pyyaml>=6.0.1",  # the first release with wheels for Python 3.11
     ],
     extras_require={
         "plot": PLOT,

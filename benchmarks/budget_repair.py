@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from common import accuracy, loaders_like, run, sparsity_shaped
 
-import models
 import slimming
+from slimming import models
 from slimming.repair import recalibrate_bn
 from slimming.stats import count_flops, count_params, latency_ms
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import models
+from slimming import models
 from slimming.data import build_loaders
 from slimming.sparsity import BNSparsity
 

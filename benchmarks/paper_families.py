@@ -15,8 +15,7 @@ from __future__ import annotations
 import torch
 from common import sparsity_shaped
 
-import models
-from slimming import count_flops, count_params, prune
+from slimming import count_flops, count_params, models, prune
 
 PAPER = {"preresnet": ("ResNet-164", 1.70e6, 4.99e8), "densenet": ("DenseNet-40", 1.02e6, 5.33e8)}
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from common import sparsity_shaped
 
-import models
 import slimming
+from slimming import models
 from slimming.cli import main as slimming_main
 from slimming.stats import model_stats
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from common import sparsity_shaped
 
-import models
 import slimming
+from slimming import models
 from slimming.prune import channel_masks, copy_chain_weights, prunable_bns
 
 

@@ -27,13 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
-import models
-from models.common import ChannelSelect
-from models.external import check_kwargs, is_external, is_user_code
-
+from . import models
 from .compat import PAPER_NAMES, from_paper
 from .errors import CheckpointError, first_line
 from .files import atomic_path
+from .models.common import ChannelSelect
+from .models.external import check_kwargs, is_external, is_user_code
 from .safeload import checksum, read_file, verify_checksum
 from .structure import check_declared
 

@@ -64,7 +64,7 @@ seed = _number(int, 0, True, "in [0, 2**63)", high=2**63)
 def arch_name(text: str) -> str:
     """A shipped family (or the paper's alias), or torchvision:NAME / timm:NAME /
     package.module:function (checked when the flags are read together: ``check_args``)."""
-    import models
+    from . import models
 
     if ":" in text:
         return text
@@ -460,7 +460,7 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
             runs.device_for(args)
         except SlimmingError as e:
             parser.error(str(e))
-    import models
+    from . import models
 
     external = models.external.is_external(getattr(args, "arch", None))
     if args.command in ("train", "pipeline") and external:

@@ -37,7 +37,7 @@ SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity tra
 # --------------------------------------------------------------------------- train, finetune
 
 def cmd_train(args) -> None:
-    import models
+    from . import models
 
     def make_model(num_classes: int, device: torch.device, data: dict):
         if args.num_classes is not None and args.num_classes != num_classes:

@@ -58,7 +58,7 @@ def from_paper(ckpt: dict, arch: str, depth: int | None = None,
     loaded, its ``module.`` prefix stripped): arch, options, cfg, state_dict, origin and, when
     the file has them, epoch and best_acc. Raises CheckpointError (one line) when the weights do
     not fit ``arch`` (and ``depth``, when given) or the file's own cfg."""
-    import models
+    from . import models
 
     arch = PAPER_NAMES.get(arch, arch)
     if arch not in READERS:

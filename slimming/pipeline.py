@@ -19,12 +19,11 @@ from collections.abc import Callable
 
 import torch.distributed as torch_dist
 
-from models.external import is_user_code
-
 from .commands import cmd_eval, cmd_finetune, cmd_prune, cmd_report, cmd_train
 from .distributed import DistInfo, distributed_session
 from .errors import SlimmingError
 from .files import RunLock, write_text
+from .models.external import is_user_code
 from .runs import check_output, device_for
 
 

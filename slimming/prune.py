@@ -322,8 +322,7 @@ class Plan:
 
 def _family_plan(model: nn.Module, importance: Importance) -> Plan:
     """The paper's way: one group per prunable BN, rebuilt as ``Net(cfg)`` on the meta device."""
-    import models  # here, not at import time: the pruning core works on any Net-like model
-
+    from . import models  # here, not at import time: the pruning core works on any Net-like model
     from .graph import Group
 
     prunable = prunable_bns(model)

@@ -29,12 +29,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models import describe_cfg
-
 from . import plots
 from .checkpoint import load_checkpoint, model_from_checkpoint
 from .errors import SlimmingError
 from .files import write_text
+from .models import describe_cfg
 from .prune import prunable_bns
 from .stats import model_stats
 

@@ -121,7 +121,7 @@ def loaders(args, device: torch.device, dist: DistInfo | None = None, image_size
 def native_size(arch: str | None) -> int | None:
     """32 for the shipped CIFAR families (they take nothing else); None (the data decides)
     for any other network."""
-    import models
+    from . import models
 
     return 32 if arch in models.ARCHS else None
 

@@ -22,7 +22,7 @@ def check_input_size(model: nn.Module, input_size: tuple[int, ...]) -> None:
     """Raise SlimmingError unless one image of ``input_size`` (C, H, W) goes through ``model``
     to (1, num_classes) logits. Checked on a meta-device copy of the architecture: shapes only,
     so a wrong or huge size costs nothing before it is refused."""
-    import models
+    from . import models
 
     shown = ",".join(map(str, input_size))
     meta = models.build(model.arch, cfg=model.cfg, empty=True, **model.options).eval()

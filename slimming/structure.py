@@ -15,9 +15,9 @@ import re
 
 import torch
 
-import models
-from models.common import BN_STATE
-from models.vgg import DEFAULT_CFGS
+from . import models
+from .models.common import BN_STATE
+from .models.vgg import DEFAULT_CFGS
 
 
 def _conv_widths(sd: dict, prefix: str) -> list[tuple[int, torch.Tensor]]:

@@ -14,13 +14,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models import describe_cfg
-
 from .checkpoint import load_checkpoint, model_from_checkpoint
 from .distributed import cleanup, init_distributed
 from .engine import AMP_DTYPES
 from .errors import CheckpointError, SlimmingError, first_line
 from .files import RunLock, sweep_temporaries, write_text
+from .models import describe_cfg
 from .runs import announce_device, check_classes, check_output, data_record, device_for, loaders, plain_args
 from .stats import count_params
 

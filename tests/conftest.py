@@ -4,10 +4,10 @@ import zlib
 
 import pytest
 import torch
+from slimming.models.vgg import DEFAULT_CFGS
 from torch import nn
 
-import models
-from models.vgg import DEFAULT_CFGS
+from slimming import models
 
 TINY_VGG = [8, "M", 16, "M", 16, 16, "M", 24, "M", 24]  # 32x32 in, fast on a CPU
 

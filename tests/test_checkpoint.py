@@ -4,8 +4,7 @@ import pickle
 import pytest
 import torch
 
-import models
-from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, save_checkpoint
+from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, models, save_checkpoint
 
 
 class Evil:

@@ -181,7 +181,7 @@ def test_amp_bf16_channels_last_adamw_from_the_command_line(tmp_path, capsys):
 
 def test_paper_checkpoint_from_the_command_line(tmp_path, capsys):
     """A file as the paper's code writes it (no arch) prunes and evaluates with --arch."""
-    import models
+    from slimming import models
 
     model = models.build("vgg", cfg=[4, "M", 4, "M", 4, "M", 4, "M", 4])
     paper = tmp_path / "model_best.pth.tar"
@@ -281,8 +281,7 @@ def test_eval_and_sweep_default_to_the_data_the_checkpoint_was_trained_on(sparse
 
 
 def test_prune_warns_of_the_guard_and_of_a_model_without_sparsity(tmp_path, capsys):
-    import models
-    from slimming import checkpoint_dict, save_checkpoint
+    from slimming import checkpoint_dict, models, save_checkpoint
 
     model = models.build("vgg", cfg=[4, "M", 4, "M", 4, "M", 4, "M", 8])
     with torch.no_grad():

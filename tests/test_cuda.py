@@ -18,9 +18,9 @@ import pytest
 import torch
 from conftest import TINY_VGG, sparsity_shaped
 
-import models
 import slimming
-from slimming import BNSparsity
+from slimming import BNSparsity, models
+from slimming.devices import full_precision
 from slimming.engine import Trainer, make_scheduler
 
 HAS_CUDA = torch.cuda.is_available()
@@ -33,10 +33,13 @@ def cuda_only(test):
 
 
 @pytest.fixture
-def exact_fp32(monkeypatch):
-    """float32 convolutions and matmuls in full float32 on CUDA (no TF32) for this test."""
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+def exact_fp32():
+    """float32 convolutions and matmuls in full float32 on CUDA (no TF32) for this test, restored
+    by assignment after it. Not ``monkeypatch.setattr``: ``torch.backends.cuda.matmul`` serves
+    ``allow_tf32`` through ``__getattr__``, and pytest >= 9.2 deletes such an attribute at
+    teardown instead of restoring it, which raises."""
+    with full_precision():
+        yield
 
 
 def batches(n: int, size: int = 16, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:

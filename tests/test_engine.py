@@ -7,8 +7,7 @@ import torch
 from conftest import TINY_VGG, randomize_bn
 from torch import nn
 
-import models
-from slimming import BNSparsity
+from slimming import BNSparsity, models
 from slimming.engine import Trainer, lr_factor, make_optimizer, make_scheduler
 
 

@@ -12,8 +12,8 @@ import torch
 from conftest import random_cfg, randomize_bn, sparsity_shaped
 from torch import nn
 
-import models
 import slimming
+from slimming import models
 from slimming.graph import GraphError, trace
 from slimming.importance import BNScale
 

@@ -24,8 +24,7 @@ import pytest
 import torch
 from conftest import randomize_bn
 
-import models
-from slimming import checkpoint_dict, save_checkpoint
+from slimming import checkpoint_dict, models, save_checkpoint
 from slimming.safeload import checksum
 
 TINY = [8, "M", 16, "M", 16, "M", 16, "M", 16]
@@ -473,3 +472,28 @@ def test_the_table_covers_every_command():
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert {argv[0] for _, argv, _ in CASES} == commands
+
+
+def test_code_in_the_working_folder_is_never_imported(zoo, tmp_path):
+    """The paper's repository and every YOLOv5 checkout hold packages named models/, utils/ and
+    data/: ``python -m slimming`` run there must not import them (slimming's networks install
+    as ``slimming.models``), neither for a good run nor for a mistake."""
+    work = tmp_path / "yolov5"
+    for name in ("models", "utils", "data"):
+        (work / name).mkdir(parents=True)
+        (work / name / "__init__.py").write_text(
+            f"open({str(work / ('imported-' + name))!r}, 'w').close()\n"
+            "raise ImportError('the working folder\\'s own package')\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    ok = subprocess.run([sys.executable, "-m", "slimming", "prune", "--checkpoint", str(zoo / "good.pth"),
+                         "--percent", "0.5", "--save", str(tmp_path / "out"), "--cpu"],
+                        cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-1500:]
+    assert (tmp_path / "out" / "pruned.pth").is_file()
+    bad = subprocess.run([sys.executable, "-m", "slimming", "eval", "--checkpoint", str(zoo / "evil.pth"),
+                          "--dataset", "synthetic", "--cpu"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and "refused" in lines[0], bad.stderr[-1500:]
+    assert not list(work.glob("imported-*")), "slimming imported the working folder's own code"
+    assert not (zoo / "pwned").exists()

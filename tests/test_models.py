@@ -1,10 +1,9 @@
 import pytest
 import torch
+from slimming.models.vgg import DEFAULT_CFGS
 from torch import nn
 
-import models
-from models.vgg import DEFAULT_CFGS
-from slimming import count_params
+from slimming import count_params, models
 
 
 @pytest.mark.parametrize("depth", sorted(DEFAULT_CFGS))

@@ -10,8 +10,15 @@ import torch.nn.functional as F
 from conftest import randomize_bn
 from test_prune import rel_diff, zeroed_reference
 
-import models
-from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, prune, save_checkpoint
+from slimming import (
+    CheckpointError,
+    checkpoint_dict,
+    load_checkpoint,
+    load_model,
+    models,
+    prune,
+    save_checkpoint,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 

@@ -15,8 +15,7 @@ import pytest
 import torch
 from conftest import randomize_bn
 
-import models
-from slimming import checkpoint_dict, load_checkpoint, save_checkpoint
+from slimming import checkpoint_dict, load_checkpoint, models, save_checkpoint
 
 TINY = "8,M,16,M,16,M,16,M,16"
 SYN = ["--dataset", "synthetic", "--cpu", "--batch-size", "256"]

@@ -10,8 +10,7 @@ import torch
 from conftest import random_cfg, randomize_bn
 from torch import nn
 
-import models
-from slimming import channel_masks, checkpoint_dict, load_model, prune, save_checkpoint
+from slimming import channel_masks, checkpoint_dict, load_model, models, prune, save_checkpoint
 from slimming.prune import prunable_bns
 
 PERCENTS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95]

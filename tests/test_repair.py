@@ -11,8 +11,8 @@ import torch
 from conftest import randomize_bn, sparsity_shaped
 from torch import nn
 
-import models
 import slimming
+from slimming import models
 from slimming.cli import main
 from slimming.repair import recalibrate_bn
 from slimming.sparsity import SparsityController

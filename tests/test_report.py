@@ -11,9 +11,8 @@ import pytest
 import torch
 from conftest import TINY_VGG, randomize_bn
 
-import models
 import slimming
-from slimming import plots
+from slimming import models, plots
 from slimming.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
 from slimming.cli import main
 from slimming.errors import SlimmingError

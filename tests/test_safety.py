@@ -14,8 +14,7 @@ import pytest
 import torch
 from conftest import randomize_bn
 
-import models
-from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, save_checkpoint
+from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, models, save_checkpoint
 from slimming.cli import main
 from slimming.engine import Trainer, TrainingError, make_scheduler
 

@@ -3,8 +3,7 @@ import torch
 from conftest import randomize_bn
 from torch import nn
 
-import models
-from slimming import BNSparsity, add_l1_subgradient
+from slimming import BNSparsity, add_l1_subgradient, models
 from slimming.data import TensorImages, synthetic_images
 
 

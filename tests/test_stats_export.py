@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-import models
-from slimming import checkpoint_dict, count_flops, prune, save_checkpoint
+from slimming import checkpoint_dict, count_flops, models, prune, save_checkpoint
 from slimming.cli import main
 from slimming.export import ExportError, export_model
 from slimming.stats import format_stats, latency_ms, model_stats, size_on_disk

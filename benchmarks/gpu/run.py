@@ -128,8 +128,8 @@ def correctness(a, budget: float) -> dict:
 def throughput(a, part: Path) -> None:
     import torch
 
-    import models
     import slimming as sl
+    from slimming import models
     from slimming.data import build_loaders
     from slimming.engine import Trainer, make_optimizer, make_scheduler
     from slimming.loaders import TensorLoader
@@ -242,8 +242,8 @@ def unpack(pack_path: Path, folder: Path) -> None:
 
 def latency(a, dev, net: dict, ncls: int, batches: tuple[int, int]) -> dict:
     """Forward latency (ms) of the network before and after a 70% prune, at batch 1 and ``batches``."""
-    import models
     import slimming as sl
+    from slimming import models
     from slimming.stats import latency_ms
 
     sparse = a.work / "paper" / "sparse" / "best.pth"
