@@ -161,11 +161,14 @@ class Trainer:
         skipped = torch.zeros((), dtype=torch.long, device=self.device)
         bar = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
                    disable=None if self.dist.is_main else True)
+        steer = self.controller if self.sparsity is not None else None
         for i, (x, y) in enumerate(bar):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             loss, out, applied = self.step(x, y)
+            if steer is not None and steer.due(i + 1):
+                self.sparsity.strength = steer.update(self.sparsity, i + 1)
             skipped += ~applied
             sums[0] += loss * len(y)
             sums[1] += (out.argmax(1) == y).sum()
@@ -185,6 +188,8 @@ class Trainer:
                  "scaler": self.scaler.state_dict(), "rng": rng_state()}
         if self.sparsity is not None:  # the controller's current strength, for --resume
             state["sparsity_strength"] = float(self.sparsity.strength)
+        if self.controller is not None:
+            state["sparsity_peak_lr"] = float(self.controller.peak_lr)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -196,6 +201,7 @@ class Trainer:
             set_rng_state(state["rng"])
         if self.controller is not None and self.sparsity is not None and state.get("sparsity_strength"):
             self.sparsity.strength = float(state["sparsity_strength"])
+            self.controller.peak_lr = float(state.get("sparsity_peak_lr") or 0.0)
 
     def fit(self, train_loader, test_loader, *, epochs: int, save_dir: str | Path,
             start_epoch: int = 0, best_acc: float = 0.0, extra: dict[str, Any] | None = None,
@@ -205,8 +211,8 @@ class Trainer:
         Rank 0 writes ``save_dir/last.pth`` every epoch, ``save_dir/best.pth`` on a new best
         test accuracy and one JSON line per epoch to ``save_dir/metrics.jsonl`` (epoch, lr,
         train_loss, train_acc, test_loss, test_acc, gamma_lt_1e-2, sparsity (the L1 strength the
-        epoch used), amp_skipped, seconds). With a controller, the strength for the next epoch
-        follows the |gamma| fraction this one reached.
+        epoch started with), amp_skipped, seconds). With a controller, which steers the strength
+        within the epoch, also sparsity_end (the strength the epoch ended with).
         ``extra`` goes into every checkpoint. Returns the last epoch's metrics and best_acc.
         """
         save_dir = Path(save_dir)
@@ -217,6 +223,9 @@ class Trainer:
             if hasattr(train_loader, "set_epoch"):
                 train_loader.set_epoch(epoch)
             lr = self.optimizer.param_groups[0]["lr"]
+            strength = self.sparsity.strength if self.sparsity else 0.0
+            if self.controller is not None and self.sparsity is not None:
+                self.controller.start_epoch(self.sparsity, epoch, epochs, len(train_loader), lr)
             train = self.train_one_epoch(train_loader, desc=f"epoch {epoch + 1}/{epochs}")
             self.scheduler.step()
             test = evaluate(self.model, test_loader, self.device, self.channels_last,
@@ -224,13 +233,10 @@ class Trainer:
             row = {"epoch": epoch + 1, "lr": lr, "train_loss": train["loss"],
                    "train_acc": train["acc"], "test_loss": test["loss"], "test_acc": test["acc"],
                    "gamma_lt_1e-2": probe.fraction_below(1e-2),
-                   "sparsity": self.sparsity.strength if self.sparsity else 0.0,
-                   "amp_skipped": train["skipped"], "seconds": round(time.perf_counter() - start, 3)}
+                   "sparsity": strength, "amp_skipped": train["skipped"],
+                   "seconds": round(time.perf_counter() - start, 3)}
             if self.controller is not None and self.sparsity is not None:
-                group = self.optimizer.param_groups[0]  # the scheduler has stepped: the next epoch's lr
-                self.sparsity.strength = self.controller.update(
-                    self.sparsity.strength, epoch, epochs, row["gamma_lt_1e-2"],
-                    group["lr"] / group.get("initial_lr", group["lr"]))
+                row["sparsity_end"] = self.sparsity.strength  # where the controller left it
             is_best = test["acc"] > best_acc
             best_acc = max(best_acc, test["acc"])
             if self.dist.is_main:

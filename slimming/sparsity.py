@@ -13,6 +13,8 @@ loss scale. In your own training loop::
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -55,35 +57,92 @@ class BNSparsity:
 
 
 class SparsityController:
-    """``--sparsity-target F``: steers the L1 strength from epoch to epoch so that, by the end
-    of training, a fraction F of the prunable |gamma| sits under ``bound`` (1e-2), instead of a
-    strength the user has to guess.
+    """``--sparsity-target F``: steers the L1 strength during training so that a fraction F of
+    the prunable |gamma| sits under ``bound`` (1e-2), instead of a strength the user has to guess.
 
     The L1 term moves a gamma by about lr * strength per step, so sparsity is made while the
-    learning rate is high; at a low one, raising the strength moves the gammas little and
-    costs accuracy. So the goal after epoch e of E rises linearly to F by half of the run
-    (the step schedule's first decay, the cosine's half-way point):
-    g_e = F * min(1, (e + 1) / (E / 2)). After each epoch the fraction f_e actually under the
-    bound is measured and the strength is multiplied by 2 ** clip(4 (g_e - f_e) / F, -1, 1):
-    up to doubled when behind the goal, up to halved when ahead, unchanged on it; but never
-    raised once the next epoch's learning rate is under half its peak. It starts from
-    ``--sparsity``.
+    learning rate is high; at a low one, a stronger pull moves the gammas little and costs
+    accuracy. So the controller aims to have F under the bound by ``reach`` (40%) of the run,
+    before the step schedule's first decay, and never raises the strength once the learning
+    rate is under half the highest it has been.
+
+    It steers within the epoch, ``checks`` (10) times an epoch, on a signal that moves
+    continuously: q, the F-quantile of |gamma| (F of the gammas are at or under q, so the goal
+    is q < bound). The fraction under the bound itself is a poor signal: it stays at 0 while
+    the gammas descend and then jumps as they cross in bulk. At each check:
+
+    - q above the bound: the rate q must fall at to reach the bound in the steps left before
+      ``reach`` (at least two checks' worth) is compared with the rate it fell at since the
+      last check, and the strength is scaled by their ratio, clipped to [1/2, 4]: a strength
+      30x or 1000x too low is found in a few checks, not a few epochs, and one too high is
+      lowered before it has pulled every gamma to zero. Since both rates are measured, not
+      modelled, the loss's pull against the L1 term is accounted for. Past ``reach`` and still
+      short of the target, it is never lowered.
+    - q under the bound: held while the fraction under it is at most F + ``tolerance`` (0.02);
+      above, scaled by 2^-clip(8 e / F, 0, 1) for an excess e over F + tolerance: halved when
+      far over, lowered a little when just over, since a pull lowered too far lets the gammas
+      it holds at zero drift back over the bound once the strength may no longer rise.
+    - Never raised past bound / (2 lr), a pull of half the bound a step (SGD): a gamma the L1
+      term holds at zero then stays under the bound, and a target the network cannot reach
+      without its useful channels does not make the strength run away.
+
+    The strength starts from ``--sparsity``. The first check of each epoch compares with q at
+    the epoch's start, so a run resumed at an epoch boundary steers exactly as one that was
+    not stopped (given the saved strength and peak learning rate).
     """
 
-    def __init__(self, target: float, bound: float = 1e-2):
+    def __init__(self, target: float, bound: float = 1e-2, reach: float = 0.4, checks: int = 10,
+                 tolerance: float = 0.02):
         if not 0 < target < 1:
-            raise SlimmingError(f"--sparsity-target must be in (0, 1), got {target:g}")
-        self.target, self.bound = target, bound
+            raise SlimmingError(f"sparsity target must be in (0, 1), got {target:g}")
+        self.target, self.bound, self.reach = target, bound, reach
+        self.checks, self.tolerance = checks, tolerance
+        self.peak_lr = 0.0  # the highest learning rate seen: saved with the strength for --resume
 
-    def goal(self, epoch: int, epochs: int) -> float:
-        return self.target * min(1.0, (epoch + 1) / max(0.5 * epochs, 1.0))
+    @torch.no_grad()
+    def measure(self, sparsity: BNSparsity) -> tuple[float, float]:
+        """(q, fraction): the F-quantile of the prunable |gamma| and the fraction under the bound."""
+        if not sparsity.params:
+            return 0.0, 1.0
+        g = torch.cat([p.detach().abs().flatten().float() for p in sparsity.params])
+        k = min(len(g), max(1, math.ceil(self.target * len(g))))
+        q, fraction = torch.stack([g.kthvalue(k).values, (g < self.bound).float().mean()]).tolist()
+        return q, fraction
 
-    def update(self, strength: float, epoch: int, epochs: int, fraction: float,
-               lr_ratio: float = 1.0) -> float:
-        """The strength for the next epoch, after ``epoch`` (0-based) ended at ``fraction``;
-        ``lr_ratio``: the next epoch's learning rate over its peak."""
-        error = (self.goal(epoch, epochs) - fraction) / self.target
-        step = max(-1.0, min(1.0, 4.0 * error))
-        if lr_ratio < 0.5:
-            step = min(step, 0.0)
-        return strength * 2.0 ** step
+    def start_epoch(self, sparsity: BNSparsity, epoch: int, epochs: int, steps: int, lr: float) -> None:
+        """Before epoch ``epoch`` (0-based) of ``epochs``, of ``steps`` steps at learning rate ``lr``."""
+        self.peak_lr = max(self.peak_lr, lr)
+        self.high_lr = lr >= 0.5 * self.peak_lr
+        # never raised past a pull of bound / 2 a step, under which a gamma held at zero by
+        # the L1 term stays under the bound (a target out of reach must not run away)
+        self.ceiling = self.bound / (2 * lr) if lr > 0 else math.inf
+        self.interval = max(1, steps // self.checks)
+        self.goal_step = self.reach * epochs * steps
+        self.epoch_start = epoch * steps
+        self.last_q, self.last_step = self.measure(sparsity)[0], 0
+
+    def due(self, step: int) -> bool:
+        """Whether a check comes after ``step`` (1-based) steps of this epoch."""
+        return step % self.interval == 0
+
+    def update(self, sparsity: BNSparsity, step: int) -> float:
+        """The strength from here on, after ``step`` (1-based) steps of this epoch."""
+        q, fraction = self.measure(sparsity)
+        if q < self.bound:  # on or over the target: lowered in proportion to the excess, so
+            # that a fraction just over the band is not paid for with a pull so weak that the
+            # gammas it holds at zero drift back over the bound once raising is no longer allowed
+            excess = (fraction - self.target - self.tolerance) / self.target
+            factor = 2.0 ** -max(0.0, min(1.0, 8.0 * excess))
+        else:
+            left = max(self.goal_step - (self.epoch_start + step), 2 * self.interval)
+            need = (q - self.bound) / left
+            seen = (self.last_q - q) / max(step - self.last_step, 1)
+            factor = 4.0 if seen <= 0 else min(4.0, max(0.5, need / seen))
+            if self.epoch_start + step >= self.goal_step:  # late and still short: never lowered
+                factor = max(factor, 1.0)
+        if not self.high_lr:
+            factor = min(factor, 1.0)
+        self.last_q, self.last_step = q, step
+        if factor <= 1:
+            return sparsity.strength * factor
+        return max(sparsity.strength, min(sparsity.strength * factor, self.ceiling))

@@ -14,8 +14,10 @@ import torch
 from slimming import load_checkpoint, save_checkpoint
 from slimming.cli import main
 
+# with the sparsity controller, which steers within epochs: a resumed run must steer as the
+# uninterrupted one did (the strength and peak learning rate come back from last.pth)
 BASE = ["train", "--arch", "vgg", "--cfg", "8,M,16,M,16,M,16,M,16", "--dataset", "synthetic",
-        "--sparsity", "1e-3", "--cpu", "--batch-size", "32"]
+        "--sparsity", "1e-3", "--sparsity-target", "0.5", "--cpu", "--batch-size", "32"]
 TRAIN = [*BASE, "--epochs", "3", "--seed", "3"]
 
 

@@ -1,10 +1,15 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import randomize_bn
 from torch import nn
 
+import slimming
 from slimming import BNSparsity, add_l1_subgradient, models
 from slimming.data import TensorImages, synthetic_images
+from slimming.engine import lr_factor
+from slimming.sparsity import SparsityController
 
 
 def with_random_grads(model, gen):
@@ -82,3 +87,76 @@ def test_sparsity_training_shrinks_gammas():
         return torch.cat([bn.weight.detach().abs() for bn in model.prunable_bns()]).mean()
 
     assert run(0.2) < 0.7 * run(0.0)
+
+
+def steered(start: float, target: float, epochs: int = 5, steps: int = 200, n: int = 1000, seed: int = 0):
+    """A toy of sparsity training under the controller: n gammas from 0.5, a third of them
+    useful (the loss pulls them back towards a value in (0.5, 1)), all with gradient noise
+    proportional to |gamma|; plain SGD steps, the step schedule's learning rate from 0.1.
+    Returns the final fraction under 1e-2 and the (lr, factor) of every check."""
+    gen = torch.Generator().manual_seed(seed)
+    gamma = torch.full((n,), 0.5)
+    useful = torch.rand(n, generator=gen) < 0.35
+    centre = 0.5 + 0.5 * torch.rand(n, generator=gen)
+    sparsity = SimpleNamespace(params=[gamma], strength=start)
+    controller = SparsityController(target)
+    checks = []
+    for epoch in range(epochs):
+        lr = 0.1 * lr_factor(epoch, epochs)
+        controller.start_epoch(sparsity, epoch, epochs, steps, lr)
+        for i in range(steps):
+            grad = (torch.where(useful, 0.2 * (gamma - centre), 0.0) + sparsity.strength * gamma.sign()
+                    + 0.5 * gamma.abs() * torch.randn(n, generator=gen))
+            gamma -= lr * grad
+            if controller.due(i + 1):
+                before = sparsity.strength
+                sparsity.strength = controller.update(sparsity, i + 1)
+                checks.append((lr, sparsity.strength / before))
+    return (gamma.abs() < 1e-2).float().mean().item(), checks
+
+
+@pytest.mark.parametrize("start", [1e-5, 1e-4, 1e-3, 1e-2])
+@pytest.mark.parametrize("target,epochs", [(0.3, 5), (0.5, 5), (0.6, 8)])
+def test_the_controller_reaches_its_target_from_any_start(start, target, epochs):
+    """The issue-16 promise: within 0.05 of F from any start in [1e-5, 1e-2], in runs as short
+    as 5 epochs, and never a raise once the learning rate is under half its peak."""
+    fraction, checks = steered(start, target, epochs, seed=int(start * 1e6) + epochs)
+    assert abs(fraction - target) <= 0.05, (fraction, checks)
+    assert all(factor <= 1 for lr, factor in checks if lr < 0.05)
+    assert all(0.5 <= factor <= 4 for _, factor in checks)
+
+
+def test_the_controllers_rule():
+    gamma = torch.linspace(0.2, 0.6, 100)  # the 0.5-quantile is about 0.4
+    sparsity = SimpleNamespace(params=[gamma], strength=1e-4)
+    c = SparsityController(0.5)
+    c.start_epoch(sparsity, 0, 10, 100, 0.1)
+    assert c.interval == 10 and c.due(10) and not c.due(11)
+    assert c.update(sparsity, 10) == pytest.approx(4e-4)  # q did not move: behind, x4 (the most)
+    gamma -= 0.3  # q fell 0.3 in 10 steps, far faster than the 0.39 over 390 steps it needs
+    assert c.update(sparsity, 20) == pytest.approx(0.5e-4)  # ahead of the path: /2 (the most)
+    gamma -= 0.0001 * 10  # q fell 1e-4 a step, 1e-3 needed: x4 capped
+    assert c.update(sparsity, 30) == pytest.approx(4e-4)
+    gamma.copy_(torch.linspace(0.0, 0.02, 100))  # 50% under 1e-2: on target, held
+    assert c.update(sparsity, 40) == pytest.approx(1e-4)
+    gamma.copy_(torch.linspace(0.0, 0.015, 100))  # 67% under: more than F + 0.02, halved
+    assert c.update(sparsity, 50) == pytest.approx(0.5e-4)
+    c.start_epoch(sparsity, 5, 10, 100, 0.01)  # the learning rate fell under half its peak
+    gamma.copy_(torch.linspace(0.2, 0.6, 100))
+    assert c.update(sparsity, 10) == pytest.approx(1e-4)  # behind, but never raised now
+    assert c.peak_lr == 0.1
+    with pytest.raises(slimming.SlimmingError):
+        SparsityController(1.5)
+
+
+def test_a_target_out_of_reach_does_not_run_away():
+    """F = 0.8 where only 65% of the toy's channels are useless: the strength stops at its
+    ceiling (a pull of half the bound a step), and the useless channels still end under 1e-2
+    instead of every gamma oscillating over it."""
+    fraction, checks = steered(1e-2, 0.8, 5, seed=3)
+    strength, highest = 1e-2, 0.0
+    for _, factor in checks:
+        strength *= factor
+        highest = max(highest, strength)
+    assert highest <= 1e-2 / (2 * 0.1) * (1 + 1e-9)
+    assert 0.55 <= fraction < 0.8
