@@ -18,14 +18,14 @@ latency at batch 1 and 64, contiguous and channels-last.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
-from common import accuracy, loaders_like, run, sparsity_shaped
+from common import accuracy, guarded, loaders_like, out_folder, parser, positive_int, run, sparsity_shaped
 
 import slimming
 from slimming import models
@@ -128,12 +128,12 @@ def part_d(rounds: int = 7) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--data-root", type=Path, default=Path("../shared/data/cifar10-jpeg"))
-    ap.add_argument("--out", type=Path, default=Path("runs/budget"))
+    ap.add_argument("--out", type=out_folder, default=Path("runs/budget"))
     ap.add_argument("--parts", default="ABCD")
-    ap.add_argument("--epochs", type=int, default=15)
-    ap.add_argument("--ft-epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=positive_int, default=15)
+    ap.add_argument("--ft-epochs", type=positive_int, default=8)
     ap.add_argument("--target", type=float, default=0.5, help="--sparsity-target of part B")
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -153,4 +153,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main))

@@ -2,13 +2,45 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from slimming.cli import Parser, positive_int  # noqa: F401 (positive_int: for the scripts' flags)
+from slimming.errors import SlimmingError
 from slimming.prune import prunable_bns
+
+
+def parser(doc: str | None) -> Parser:
+    """The scripts' argument parser: a mistake is one line on stderr and exit code 2, as in
+    slimming's own commands."""
+    return Parser(description=(doc or "").strip().splitlines()[0] if doc else None)
+
+
+def guarded(main) -> int:
+    """Run a script's ``main()``: a SlimmingError (a missing checkpoint, an unreadable data
+    folder) is one line on stderr and exit code 2, as in slimming's commands."""
+    try:
+        main()
+    except SlimmingError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def out_folder(text: str) -> Path:
+    """An argparse type for an output folder: refused in one line when it, or a folder above it,
+    is a file (nothing is created before the check)."""
+    path = Path(text)
+    for p in [path, *path.parents]:
+        if p.exists() and not p.is_dir():
+            raise argparse.ArgumentTypeError(f"{p} is a file, not a folder" if p == path else
+                                             f"{text}: {p} is a file, not a folder")
+    return path
 
 
 def run(*argv) -> float:

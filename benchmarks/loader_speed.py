@@ -17,7 +17,6 @@ alone (no model) for context. The cache goes to a temporary folder unless --cach
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 import platform
@@ -27,6 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+from common import out_folder, parser, positive_int
 from torch import nn
 
 from slimming import models
@@ -98,15 +98,15 @@ def load_speed(loader: Iterable, device: torch.device, steps: int, warmup: int) 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--data-root", type=Path, default=REPO.parent / "shared" / "data" / "cifar10-jpeg")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=positive_int, default=300)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--workers", type=int, default=2, help="for the torchvision DataLoader")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    p.add_argument("--cache-dir", type=Path, default=None,
+    p.add_argument("--cache-dir", type=out_folder, default=None,
                    help="decoded-image cache (default: a temporary folder, so decoding is timed)")
     args = p.parse_args()
     device = torch.device(args.device)

@@ -13,12 +13,12 @@ checkpoint.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
-from common import accuracy, loaders_like, run
+from common import accuracy, guarded, loaders_like, out_folder, parser, positive_int, run
 
 import slimming
 from slimming.importance import BNScale
@@ -32,12 +32,12 @@ def describe(model) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--data-root", type=Path, default=Path("../shared/data/cifar10-jpeg"))
-    ap.add_argument("--out", type=Path, default=Path("runs/own"))
+    ap.add_argument("--out", type=out_folder, default=Path("runs/own"))
     ap.add_argument("--archs", default="resnet18,mobilenet_v2")
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--ft-epochs", type=int, default=2)
+    ap.add_argument("--epochs", type=positive_int, default=5)
+    ap.add_argument("--ft-epochs", type=positive_int, default=2)
     ap.add_argument("--sparsity", type=float, default=1e-2)
     ap.add_argument("--percents", default="0.3,0.5")
     args = ap.parse_args()
@@ -77,4 +77,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main))

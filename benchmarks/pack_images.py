@@ -9,22 +9,24 @@ pack's bytes and the seconds it took. A bad file is one line and exit code 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from slimming.cli import Parser  # noqa: E402
 from slimming.errors import SlimmingError  # noqa: E402
 from slimming.packed import pack_folder  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path, help="train/<class>/*.jpg and test/<class>/*.jpg (or val/)")
     p.add_argument("out", type=Path, help="the pack to write (atomically)")
     args = p.parse_args(argv)
+    if args.out.is_dir():
+        p.error(f"{args.out} is a folder: give the path of the pack file to write")
     start = time.perf_counter()
     try:
         done = pack_folder(args.folder, args.out)

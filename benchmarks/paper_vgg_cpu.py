@@ -12,14 +12,13 @@ speedup next to the FLOPs reduction, batch 1 and 64.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 import torch
-from common import sparsity_shaped
+from common import guarded, out_folder, parser, positive_int, sparsity_shaped
 
 import slimming
 from slimming import models
@@ -81,11 +80,11 @@ def part2() -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--data-root", type=Path, default=Path("../shared/data/cifar10-jpeg"))
-    p.add_argument("--out", type=Path, default=Path("runs/paper-vgg-cpu"))
-    p.add_argument("--epochs", type=int, default=15)
-    p.add_argument("--finetune-epochs", type=int, default=8)
+    p.add_argument("--out", type=out_folder, default=Path("runs/paper-vgg-cpu"))
+    p.add_argument("--epochs", type=positive_int, default=15)
+    p.add_argument("--finetune-epochs", type=positive_int, default=8)
     p.add_argument("--sparsity", type=float, default=3e-3)
     p.add_argument("--skip-part1", action="store_true")
     args = p.parse_args()
@@ -110,4 +109,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main))

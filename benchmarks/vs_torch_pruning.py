@@ -13,15 +13,15 @@ never a dependency of slimming.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
-from common import accuracy, loaders_like
+from common import accuracy, guarded, loaders_like, parser, positive_int
 from torch import nn
 
 import slimming
@@ -42,14 +42,16 @@ def timed(fns, repeats: int):
 
 
 def main() -> None:
-    import torch_pruning as tp
-
-    ap = argparse.ArgumentParser()
+    ap = parser(__doc__)
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--data-root", type=Path, default=Path("../shared/data/cifar10-jpeg"))
     ap.add_argument("--percent", type=float, default=0.5)
-    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--repeats", type=positive_int, default=21)
     args = ap.parse_args()
+    try:
+        import torch_pruning as tp  # the peer measured here; not a dependency of slimming
+    except ImportError:
+        ap.error("this comparison needs Torch-Pruning: pip install torch-pruning")
     torch.set_num_threads(2)
     ckpt = slimming.load_checkpoint(args.checkpoint)
     model = slimming.load_model(args.checkpoint).eval()
@@ -102,4 +104,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(guarded(main))

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from slimming.errors import clip
+
 from . import densenet, external, nin, preresnet, vgg
 
 ARCHS: dict[str, type[nn.Module]] = {net.arch: net for net in (nin.Net, vgg.Net, preresnet.Net,
@@ -41,11 +43,11 @@ def build(arch: str, cfg: list | dict | None = None, *, empty: bool = False,
     if external.is_external(arch):
         return external.build_external(arch, cfg, empty=empty, **options)
     if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choose one of: {', '.join(sorted(ARCHS))}")
+        raise ValueError(f"unknown arch {clip(arch)}; choose one of: {', '.join(sorted(ARCHS))}")
     net = ARCHS[arch]
     unknown = set(options) - set(inspect.signature(net).parameters)
     if unknown:
-        raise ValueError(f"arch {arch!r} takes no option {', '.join(sorted(unknown))}")
+        raise ValueError(f"arch {clip(arch)} takes no option {', '.join(sorted(unknown))}")
     ctx = torch.device("meta") if empty else contextlib.nullcontext()
     with ctx:
         return net(cfg=cfg, **options)

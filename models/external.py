@@ -18,15 +18,25 @@ import contextlib
 import importlib
 import inspect
 import json
+import math
 import re
 
 import torch
 from torch import nn
 
+from slimming.errors import clip, first_line
+
 LIBRARIES = ("torchvision", "timm")
 # what a checkpoint's kwargs may hold: plain JSON, small (a builder's options, not data)
 KWARGS_MAX_BYTES, KWARGS_MAX_INT = 4096, 4096
-REFUSED_KWARGS = ("weights", "pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path")
+REFUSED_KWARGS = ("weights", "weights_backbone", "pretrained", "pretrained_backbone", "pretrained_cfg",
+                  "pretrained_cfg_overlay", "checkpoint_path")
+# no-download arguments, passed to every builder that takes them (torchvision's detection and
+# segmentation builders default to downloading an ImageNet backbone)
+NO_WEIGHTS = {"weights_backbone": None, "pretrained_backbone": False}
+# 2^30 parameters: 4 GiB of float32 weights, 16 GiB to train with momentum; more than any
+# classifier slimmed here (ConvNeXt-XXLarge has 846M), and far less than a forged width asks for
+MAX_PARAMS = 1 << 30
 
 
 def is_external(arch: str) -> bool:
@@ -49,14 +59,35 @@ def check_kwargs(kwargs) -> dict:
         raise ValueError("model kwargs must hold plain JSON values") from None
     if len(text) > KWARGS_MAX_BYTES:
         raise ValueError(f"model kwargs longer than {KWARGS_MAX_BYTES} bytes")
-    for n in re.findall(r"-?\d+", text):
-        if abs(int(n)) > KWARGS_MAX_INT:
-            raise ValueError(f"model kwargs hold {n}: numbers above {KWARGS_MAX_INT} are refused")
+    for n in _numbers(kwargs):
+        if not math.isfinite(n) or abs(n) > KWARGS_MAX_INT:
+            raise ValueError(f"model kwargs hold {n!r}: numbers above {KWARGS_MAX_INT} (or not finite) "
+                             "are refused")
     refused = [k for k in kwargs if k in REFUSED_KWARGS]
     if refused:
         raise ValueError(f"model kwarg {refused[0]!r}: nothing downloads; start from your own "
                          "weights with --init PATH")
     return kwargs
+
+
+def _numbers(value):
+    """Every number in a JSON value (an int, a float, however written: 1e20, Infinity)."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, (int, float)):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _numbers(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _numbers(v)
+
+
+def _no_weights(builder, call: dict) -> dict:
+    """``call`` plus the no-download arguments that ``builder`` takes."""
+    takes = inspect.signature(builder).parameters
+    return {**{k: v for k, v in NO_WEIGHTS.items() if k in takes}, **call}
 
 
 def _builder(arch: str):
@@ -65,25 +96,26 @@ def _builder(arch: str):
         import torchvision.models as tvm
 
         if name not in tvm.list_models():
-            raise ValueError(f"torchvision has no model {name!r} (see torchvision.models.list_models())")
-        return lambda **kw: tvm.get_model(name, weights=None, **kw)
+            raise ValueError(f"torchvision has no model {clip(name)} (see torchvision.models.list_models())")
+        builder = tvm.get_model_builder(name)
+        return lambda **kw: builder(weights=None, **_no_weights(builder, kw))
     if source == "timm":
         try:
             import timm
         except ImportError:
             raise ValueError("timm models need the timm extra: pip install -e \".[timm]\"") from None
         if not timm.is_model(name):
-            raise ValueError(f"timm has no model {name!r} (see timm.list_models())")
+            raise ValueError(f"timm has no model {clip(name)} (see timm.list_models())")
         return lambda **kw: timm.create_model(name, pretrained=False, **kw)
     if not re.fullmatch(r"[A-Za-z_][\w.]*", source) or not name.isidentifier():
-        raise ValueError(f"{arch!r}: give torchvision:NAME, timm:NAME or package.module:function")
+        raise ValueError(f"{clip(arch)}: give torchvision:NAME, timm:NAME or package.module:function")
     try:
         module = importlib.import_module(source)
     except ImportError as e:
-        raise ValueError(f"cannot import {source!r} for --arch {arch} ({e})") from None
+        raise ValueError(f"cannot import {clip(source)} for --arch {clip(arch)} ({first_line(e)})") from None
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise ValueError(f"{source} has no function {name!r}")
+        raise ValueError(f"{clip(source)} has no function {clip(name)}")
     return fn
 
 
@@ -103,15 +135,11 @@ def build_external(arch: str, cfg: dict | None = None, *, empty: bool = False,
     if input_size is not None and (len(input_size) != 3 or not all(
             isinstance(v, int) and 1 <= v <= 4096 for v in input_size)):
         raise ValueError(f"input_size must be C, H, W (each 1 to 4096), got {input_size!r}")
-    ctx = torch.device("meta") if empty else contextlib.nullcontext()
-    try:
-        with ctx:
-            model = builder(**call)
-    except (TypeError, ValueError, KeyError, RuntimeError, AssertionError) as e:
-        text = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        raise ValueError(f"{arch} with {call}: {text}") from None
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"{arch} returned a {type(model).__name__}, not an nn.Module")
+    model = _construct(arch, builder, call, empty=True)
+    _check_size(arch, model)  # before a byte is allocated
+    if not empty:  # an empty model is checked by whoever fills it (slimming.checkpoint)
+        model = _construct(arch, builder, call, empty=False)
+        check_forward(arch, model, input_size, num_classes)
     model.arch = arch
     model.options = {"num_classes": num_classes, "kwargs": kwargs,
                      "input_size": list(input_size) if input_size else None}
@@ -120,3 +148,58 @@ def build_external(arch: str, cfg: dict | None = None, *, empty: bool = False,
     if input_size:
         model.input_size = tuple(input_size)
     return model
+
+
+def _construct(arch: str, builder, call: dict, empty: bool) -> nn.Module:
+    ctx = torch.device("meta") if empty else contextlib.nullcontext()
+    try:
+        with ctx:
+            model = builder(**call)
+    except Exception as e:  # a library's or the user's code, with options from a flag or a file:
+        # whatever it raises (ZeroDivisionError for round_nearest 0, ...) is a bad option
+        raise ValueError(f"{clip(arch)} with {clip(call)}: {clip(first_line(e, 160), 160)}") from None
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{clip(arch)} returned a {type(model).__name__}, not an nn.Module")
+    return model
+
+
+def _check_size(arch: str, model: nn.Module) -> None:
+    """At most MAX_PARAMS parameters (counted on the meta device, before a byte is allocated)."""
+    count = sum(p.numel() for p in model.parameters())
+    if count > MAX_PARAMS:
+        raise ValueError(f"{clip(arch)} with these options has {count:,} parameters; more than "
+                         f"{MAX_PARAMS:,} are refused (check width or depth options)")
+
+
+def check_forward(arch: str, model: nn.Module, input_size, num_classes: int | None) -> None:
+    """One forward of a (2, C, H, W) batch of zeros in eval mode, without gradients, must give
+    class scores (2, num_classes). Options that change what the network returns (timm's
+    features_only, global_pool "", in_chans), networks that are not classifiers (detection,
+    segmentation) and weights that do not fit each other fail here, in one ValueError, not at
+    the first batch of a run. It runs where the weights are: a real forward of two images
+    costs milliseconds, where the meta device's Python fallbacks take seconds for some
+    layers (ReLU6). Nothing to check without an ``input_size``."""
+    if input_size is None:
+        return
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros(2, *input_size, device=device))
+    except (MemoryError, torch.OutOfMemoryError):
+        raise  # the caller's one line for an allocation that failed
+    except Exception as e:
+        if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):
+            raise
+        raise ValueError(f"{clip(arch)} cannot take a batch of {'x'.join(map(str, input_size))} images: "
+                         f"{clip(first_line(e, 160), 160)}") from None
+    finally:
+        model.train(was_training)
+    want = num_classes or "classes"
+    if not (isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2
+            and (num_classes is None or out.shape[1] == num_classes)):
+        got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
+        raise ValueError(f"{clip(arch)} returns {got}, not class scores of shape (batch, {want}): the "
+                         "commands train classifiers (options such as features_only or global_pool "
+                         "change the output; a detector is pruned from Python)")
+

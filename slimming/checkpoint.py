@@ -29,10 +29,10 @@ from torch import nn
 
 from . import models
 from .compat import PAPER_NAMES, from_paper
-from .errors import CheckpointError, first_line
+from .errors import CheckpointError, clip, first_line
 from .files import atomic_path
 from .models.common import ChannelSelect
-from .models.external import check_kwargs, is_external, is_user_code
+from .models.external import check_forward, check_kwargs, is_external, is_user_code
 from .safeload import checksum, read_file, verify_checksum
 from .structure import check_declared
 
@@ -68,7 +68,7 @@ def _is_int(v: Any) -> bool:
 def _check_fields(ckpt: dict, path: Path) -> None:
     """Types and ranges of the fields a command reads, with one line per problem."""
     def bad(field: str, what: str) -> CheckpointError:
-        return CheckpointError(f"{path}: its {field!r} is {str(ckpt.get(field))[:60]!s}: {what}")
+        return CheckpointError(f"{path}: its {field!r} is {clip(ckpt.get(field), 60)}: {what}")
 
     if ckpt.get("format", FORMAT) != FORMAT:
         raise bad("format", f"expected {FORMAT!r}: not a slimming checkpoint")
@@ -96,7 +96,7 @@ def _check_fields(ckpt: dict, path: Path) -> None:
                     _is_int(v) and 1 <= v <= 4096 for v in value):
                 raise bad("options", "its input_size is not [C, H, W]")
         elif not isinstance(key, str) or not _is_int(value) or value < 1:
-            raise CheckpointError(f"{path}: option {str(key)[:40]!r} = {str(value)[:40]}: "
+            raise CheckpointError(f"{path}: option {clip(key, 40)} = {clip(value, 40)}: "
                                   "expected a positive integer")
     cfg = ckpt.get("cfg")
     if external:
@@ -209,7 +209,7 @@ def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") ->
     except (RuntimeError, KeyError, TypeError, AttributeError) as e:
         detail = first_line(e) if "Error(s) in loading" not in str(e) else str(e).splitlines()[1]
         raise CheckpointError(f"{path}: its weights do not fit arch {arch!r} with cfg "
-                              f"{str(cfg)[:80]}: {detail.strip()[:200]}") from None
+                              f"{clip(cfg)}: {detail.strip()[:200]}") from None
     for name, m in model.named_modules():
         if isinstance(m, ChannelSelect):
             try:
@@ -241,6 +241,13 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     except (RuntimeError, KeyError, TypeError, AttributeError) as e:
         detail = first_line(e) if "Error(s) in loading" not in str(e) else str(e).splitlines()[1]
         raise CheckpointError(f"{path}: its weights do not fit {arch}: {detail.strip()[:200]}") from None
+    options = ckpt.get("options") or {}
+    try:  # the widths the weights give must also fit each other (a BatchNorm as wide as its
+        # convolution, a classifier that takes what the features give): one forward of two
+        # images here, so that eval, stats and export refuse such a file as prune does
+        check_forward(arch, model, options.get("input_size"), options.get("num_classes"))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: its weights do not fit together: {e}") from None
     return model
 
 

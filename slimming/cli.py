@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
 from . import __version__, commands, runs
-from .errors import SlimmingError, TrainingError, first_line
-from .files import handle_signals
+from .errors import SlimmingError, TrainingError, clip, first_line
+from .files import handle_signals, human_bytes
 
 ARCH_ALIASES = {"resnet": "preresnet"}  # the paper's name for its pre-activation ResNet
 CONFIG_MAX_BYTES = 64 * 1024
@@ -465,12 +466,12 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
     external = models.external.is_external(getattr(args, "arch", None))
     if args.command in ("train", "pipeline") and external:
         if args.cfg is not None or args.depth is not None:
-            parser.error(f"--cfg and --depth are for the shipped families; {args.arch} takes its "
+            parser.error(f"--cfg and --depth are for the shipped families; {clip(args.arch)} takes its "
                          "options through --model-kwargs")
         try:
             models.build(args.arch, empty=True, num_classes=args.num_classes, kwargs=args.model_kwargs)
         except ValueError as e:
-            parser.error(f"--arch {args.arch}: {first_line(e)}")
+            parser.error(f"--arch {clip(args.arch)}: {first_line(e)}")
     elif args.command in ("train", "pipeline") and args.model_kwargs:
         parser.error("--model-kwargs is for torchvision:/timm:/your own architectures; the "
                      "shipped families take --depth and --cfg")
@@ -481,13 +482,28 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
             models.build(args.arch, cfg=args.cfg, empty=True, **options)
         except ValueError as e:
             flag = "--cfg" if args.cfg is not None else "--depth"
-            parser.error(f"{flag} does not fit --arch {args.arch}: {first_line(e)}")
+            parser.error(f"{flag} does not fit --arch {clip(args.arch)}: {first_line(e)}")
     if getattr(args, "amp_dtype", None) and not args.amp:
         parser.error("--amp-dtype only applies with --amp; add --amp")
     if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:
         parser.error("--sparsity-target steers a strength: give the starting one, e.g. --sparsity 1e-4")
     if getattr(args, "deterministic", False) and args.seed is None:
         parser.error("--deterministic needs --seed N: a run is only repeatable from a seed")
+
+
+def out_of_memory(e: BaseException) -> str | None:
+    """One line for an allocation that failed (a MemoryError, the CPU allocator's "can't
+    allocate memory", CUDA's OutOfMemoryError): how much was asked for, when the allocator says,
+    and what to lower. None for any other error."""
+    text = str(e)
+    if not (isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text):
+        return None
+    asked = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]iB)", text)
+    size = ""
+    if asked:
+        size = f" ({human_bytes(int(asked[1])) if asked[1] else asked[2]} asked for)"
+    return (f"out of memory{size}: lower --batch-size or the image size (--image-size, "
+            "--input-size), or use a smaller network")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,6 +522,12 @@ def main(argv: list[str] | None = None) -> int:
         except TrainingError as e:
             print(f"{name}: error: {e}", file=sys.stderr)
             return 1
+        except (MemoryError, RuntimeError) as e:  # RuntimeError: the allocators' failures
+            reason = out_of_memory(e)
+            if reason is None:
+                raise  # a bug: keep its traceback
+            print(f"{name}: error: {reason}", file=sys.stderr)
+            return 2
         except OSError as e:  # a full disk, a folder removed under the run, ...
             print(f"{name}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
             return 1

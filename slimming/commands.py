@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from .checkpoint import checkpoint_dict, save_checkpoint
-from .errors import SlimmingError
+from .errors import SlimmingError, clip, first_line
 from .prune import prunable_bns, prune
 from .runs import (
     DEVICE_FLAGS,
@@ -45,8 +45,11 @@ def cmd_train(args) -> None:
                                 f"{num_classes} classes")
         if models.external.is_external(args.arch):
             size = data.get("image_size") or 32
-            model = models.build(args.arch, num_classes=num_classes, kwargs=args.model_kwargs,
-                                 input_size=[3, size, size])
+            try:  # checked on the meta device first (slimming.models.external), before any folder
+                model = models.build(args.arch, num_classes=num_classes, kwargs=args.model_kwargs,
+                                     input_size=[3, size, size])
+            except ValueError as e:
+                raise SlimmingError(f"--arch {clip(args.arch)}: {first_line(e, 400)}") from None
         else:
             options = {"num_classes": num_classes}
             if args.depth is not None and args.cfg is None:
@@ -89,15 +92,18 @@ def cmd_eval(args) -> dict:
     return m
 
 
-def prune_warnings(model: nn.Module, result, min_channels: int) -> list[str]:
+def prune_warnings(model: nn.Module, result, min_channels: int, ask: str = "--percent") -> list[str]:
     """What to say before a fine-tune is spent on a pruning that cannot work well: layers the
-    guard refilled, and a model whose gammas show no sparsity."""
+    guard refilled, and a model whose gammas show no sparsity. ``ask``: the flag that asked for
+    the cut (``--percent``, ``--threshold``, ``--target-flops``, ``--target-params``)."""
     notes = []
     if result.guarded:
         names = ", ".join(result.guarded[:6]) + (", ..." if len(result.guarded) > 6 else "")
+        smaller = {"--threshold": "a smaller --threshold", "--target-flops": "a larger budget",
+                   "--target-params": "a larger budget"}.get(ask, "a smaller --percent")
         notes.append(f"{len(result.guarded)} layer(s) fell to the --min-channels guard and keep "
                      f"only their {min_channels} largest-|gamma| channel(s): {names}; that can "
-                     "cost much accuracy: try a smaller --percent")
+                     f"cost much accuracy: try {smaller}")
     gammas = torch.cat([bn.weight.detach().abs().float().cpu() for bn in prunable_bns(model)])
     near_zero = (gammas < SPARSE_BOUND).float().mean().item()
     cut = sum(b - a for _, b, a in result.layer_table()) / max(gammas.numel(), 1)
@@ -107,6 +113,13 @@ def prune_warnings(model: nn.Module, result, min_channels: int) -> list[str]:
                      "so this cuts channels that still matter; sparsity training comes first "
                      "(slimming train --sparsity 1e-4 ...)")
     return notes
+
+
+def limit_flags(args) -> list[str]:
+    """The per-layer limits the user set (``--round-to 16``, ...), as they were given."""
+    given = [("--min-channels", args.min_channels, 1), ("--round-to", args.round_to, 1),
+             ("--max-layer-prune", args.max_layer_prune, 1.0)]
+    return [f"{flag} {value:g}" for flag, value, default in given if value is not None and value != default]
 
 
 def shape_options(args) -> dict:
@@ -137,6 +150,11 @@ def cmd_prune(args) -> None:
     table = result.layer_table()
     if all(before == after for _, before, after in table):
         how = f"--percent {args.percent}" if args.percent is not None else f"--threshold {args.threshold}"
+        limits = limit_flags(args)
+        if limits and (args.percent or 0) > 0:  # the cut was asked for and the limits undid it
+            raise SlimmingError(f"{how} prunes no channel once {' and '.join(limits)} put channels "
+                                "back: every layer keeps all of its channels; lower "
+                                f"{'them' if len(limits) > 1 else 'it'} or raise {how.split()[0]}")
         smallest = min(bn.weight.detach().abs().min().item() for bn in prunable_bns(model))
         raise SlimmingError(f"{how} prunes no channel (smallest prunable |gamma| {smallest:.4g}): "
                             "nothing to save; raise it")
@@ -173,7 +191,9 @@ def cmd_prune(args) -> None:
               "original (its cut gammas at zero) on random images; the paper's cut is kept")
     if args.recalibrate_bn:
         recalibrate(args, ckpt, result.model, device)
-    for note in prune_warnings(model, result, args.min_channels):
+    ask = next(f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
+               if getattr(args, k) is not None)
+    for note in prune_warnings(model, result, args.min_channels, ask):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
     source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"), "epoch": ckpt.get("epoch")}
     removed = (before - after) / before

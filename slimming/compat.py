@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .errors import CheckpointError, first_line
+from .errors import CheckpointError, clip, first_line
 from .structure import READERS, read_structure
 
 PAPER_NAMES = {"resnet": "preresnet"}  # the paper's --arch names that differ from ours
@@ -47,7 +47,7 @@ def _accuracy(best_prec1) -> float | None:
 def _saved_cfg(cfg, path) -> list:
     if not isinstance(cfg, (list, tuple)) or not all(
             v == "M" or (isinstance(v, int) and not isinstance(v, bool)) for v in cfg):
-        raise CheckpointError(f"{path}: its 'cfg' is {type(cfg).__name__} {str(cfg)[:60]}, not a "
+        raise CheckpointError(f"{path}: its 'cfg' is {type(cfg).__name__} {clip(cfg, 60)}, not a "
                               "list of widths and 'M'")
     return list(cfg)
 
@@ -74,8 +74,8 @@ def from_paper(ckpt: dict, arch: str, depth: int | None = None,
     if ckpt.get("cfg") is not None:
         saved = _saved_cfg(ckpt["cfg"], path)
         if saved != cfg:
-            raise CheckpointError(f"{path}: its cfg {str(saved)[:80]} does not match its weights "
-                                  f"({str(cfg)[:80]})")
+            raise CheckpointError(f"{path}: its cfg {clip(saved)} does not match its weights "
+                                  f"({clip(cfg)})")
     try:
         default = models.build(arch, empty=True, **options).cfg
     except ValueError as e:

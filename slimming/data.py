@@ -47,7 +47,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Subset
 
-from .errors import DataError, first_line
+from .errors import DataError, clip, first_line
+from .files import human_bytes
 from .imagefolder import (  # noqa: F401 (CACHE_*, INFO_*, STATS_IMAGES, STATS_SEED: re-exported)
     CACHE_FORMAT,
     CACHE_VERSION,
@@ -175,7 +176,7 @@ def _norm(norm) -> tuple[str, tuple[float, ...] | None, tuple[float, ...] | None
         mean = std = ()
     if not (len(mean) == len(std) == 3 and all(map(math.isfinite, mean + std)) and min(std) > 0):
         raise DataError(f"norm must be 'dataset', 'imagenet' or (mean, std), three floats each "
-                        f"with std > 0; got {str(norm)[:80]}")
+                        f"with std > 0; got {clip(norm)}")
     return "given", mean, std
 
 
@@ -232,13 +233,6 @@ def fast_loader_limit() -> int:
     return min(FAST_LIMIT, _memory() // (4 * local))
 
 
-def _human(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} bytes"
-
-
 def _choose_size(sizes: Counter, image_size: int | None) -> tuple[int, int | None]:
     """``(N, resize)``: ``image_size``, by default 32 when every image is 32x32, else 224; and
     None when every image is NxN (used as it is), else the shorter side to resize to."""
@@ -262,8 +256,8 @@ def _not_fast(sizes: Counter, image_size: int, resize: int | None) -> str | None
     count = sum(sizes.values())
     nbytes, limit = count * 3 * n * n, fast_loader_limit()
     if nbytes > limit:
-        return (f"{count:,} images of {n}x{n} would take {_human(nbytes)} decoded, over the fast "
-                f"loader's limit of {_human(limit)} here")
+        return (f"{count:,} images of {n}x{n} would take {human_bytes(nbytes)} decoded, over the fast "
+                f"loader's limit of {human_bytes(limit)} here")
     return None
 
 

@@ -35,3 +35,11 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     ``limit`` characters: what a one-line error may quote of a library's message."""
     text = str(e).strip().splitlines()
     return text[0][:limit] if text else type(e).__name__
+
+
+def clip(value, limit: int = 80) -> str:
+    """A value read from a file, for a one-line message: a printable string as it is, anything
+    else (a newline, a terminal escape, a non-string) as ``ascii()`` writes it, and cut to about
+    ``limit`` characters, so that a 1 MB name or a forged escape sequence stays one short line."""
+    text = value if isinstance(value, str) and value.isprintable() else ascii(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

@@ -154,3 +154,11 @@ def handle_signals() -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
+
+
+def human_bytes(nbytes: int) -> str:
+    """``nbytes`` for a message: "1.5 GiB", "12.0 MiB", "512 bytes"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} bytes"

@@ -31,7 +31,7 @@ from torch import nn
 
 from . import plots
 from .checkpoint import load_checkpoint, model_from_checkpoint
-from .errors import SlimmingError
+from .errors import SlimmingError, clip
 from .files import write_text
 from .models import describe_cfg
 from .prune import prunable_bns
@@ -121,7 +121,7 @@ def _read_eval(path: Path) -> float:
     acc = _number(obj.get("acc"))
     if acc is None or not 0 <= acc <= 100:
         raise SlimmingError(f"{path}: 'acc' must be a number in [0, 100] (top-1 %), got "
-                            f"{str(obj.get('acc'))[:40]!r}; {fix}")
+                            f"{clip(obj.get('acc'), 40)}; {fix}")
     return acc
 
 

@@ -15,7 +15,7 @@ from torch import nn
 from . import devices
 from .checkpoint import load_checkpoint, model_from_checkpoint
 from .distributed import DistInfo
-from .errors import SlimmingError
+from .errors import CheckpointError, SlimmingError, clip
 
 DEVICE_FLAGS = ("cpu", "device")  # how a file was made, not what it holds: not recorded in it
 new_command = devices.new_command
@@ -91,14 +91,36 @@ def default_data(args, ckpt: dict) -> None:
     if args.data_root is None and same and known.get("data_root"):
         args.data_root = Path(known["data_root"])
     record = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
-    if args.image_size is None and same and isinstance(record.get("image_size"), int):
-        args.image_size = record["image_size"]
+    if args.image_size is None and same and record.get("image_size") is not None:
+        args.image_size = recorded_size(ckpt, record["image_size"], args.checkpoint)
     if args.norm is None and same:
         mean, std = record.get("mean"), record.get("std")
         if _three_floats(mean) and _three_floats(std):
             args.norm = (tuple(mean), tuple(std))
         elif args.dataset == "imagefolder" and known:
             args.norm = STATS["cifar10"]
+
+
+FILE_MAX_IMAGE_SIZE = 1024  # the largest image side a checkpoint's data record may ask for
+
+
+def recorded_size(ckpt: dict, size, path) -> int:
+    """The image size a checkpoint's data record gives, checked against the network: the
+    family's native size (32 for the shipped ones), or the ``input_size`` an external network
+    was built for; and at most FILE_MAX_IMAGE_SIZE, so that a forged number in a small file
+    cannot make every 32x32 image thousands of pixels a side (a larger size is the user's to
+    ask for with --image-size)."""
+    options = ckpt.get("options") if isinstance(ckpt.get("options"), dict) else {}
+    built = options.get("input_size")
+    expected = native_size(ckpt.get("arch")) or (built[1] if isinstance(built, list) and len(built) == 3
+                                                 and built[1] == built[2] else None)
+    if expected is not None and size != expected:
+        raise CheckpointError(f"{path}: its data record asks for images of {clip(size)} pixels a side, "
+                              f"but its network takes {expected}x{expected}; give --image-size")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= FILE_MAX_IMAGE_SIZE:
+        raise CheckpointError(f"{path}: its data record asks for images of {clip(size)} pixels a side, "
+                              f"not an integer from 1 to {FILE_MAX_IMAGE_SIZE}; give --image-size")
+    return size
 
 
 def _three_floats(v) -> bool:

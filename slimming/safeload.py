@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError, first_line
+from .errors import CheckpointError, clip, first_line
 
 MAX_DEPTH = 32
 PLAIN = (str, bytes, bool, float, type(None))
@@ -88,7 +88,7 @@ def walk(obj: Any, budget: int) -> None:
                 if not isinstance(k, (str, int)) or isinstance(k, bool):
                     raise ValueError(f"a key of type {type(k).__name__} at {where}")
                 stack.append((k, depth + 1, path))
-                stack.append((v, depth + 1, f"{path}/{str(k)[:60]}"))
+                stack.append((v, depth + 1, f"{path}/{clip(k, 60)}"))
         elif isinstance(node, (list, tuple)):
             stack.extend((v, depth + 1, f"{path}[{i}]") for i, v in enumerate(node))
         elif isinstance(node, int) and not isinstance(node, bool):
@@ -115,13 +115,17 @@ def read_file(path: str | os.PathLike) -> Any:
             warnings.simplefilter("ignore")
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
         if found:  # a class or function whose unpickling would run code: never run it
             raise CheckpointError(
                 f"{path}: refused: it holds a Python object ({found.group(1)}) that loading "
                 "would have to execute; only tensors and plain values are accepted") from None
+        if _plain_pickle(path):
+            raise CheckpointError(f"{path}: refused: a plain Python pickle (pickle.dump, protocol 3 "
+                                  "or later), which the safe loader does not read; save it with "
+                                  "torch.save, holding only tensors and plain values") from None
         found = re.search(r"WeightsUnpickler error:\s*(.+)", str(e))  # torch's real reason
-        detail = f" ({found.group(1).strip()[:120]})" if found else ""
+        detail = f" ({clip(found.group(1).strip(), 120)})" if found else ""
         raise CheckpointError(f"{path}: not a readable PyTorch checkpoint, corrupt or "
                               f"truncated?{detail}") from None
     except PermissionError:
@@ -137,6 +141,14 @@ def read_file(path: str | os.PathLike) -> Any:
     except ValueError as e:
         raise CheckpointError(f"{path}: refused: {e}") from None
     return obj
+
+
+def _plain_pickle(path: Path) -> bool:
+    """Whether ``path`` starts as pickle.dump writes (protocol 3 to 5), not as torch.save does
+    (a zip archive, or the legacy format's protocol-2 magic number)."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    return len(head) == 2 and head[0] == 0x80 and 3 <= head[1] <= 5
 
 
 def _feed(h, obj: Any) -> None:

@@ -245,6 +245,25 @@ def test_a_changed_folder_rebuilds_the_cache(tmp_path, counted_decode):
     assert len(list(cache.glob("*.info"))) == 1
 
 
+def test_two_images_swapped_with_their_mtimes_kept_rebuild_the_cache(tmp_path, counted_decode):
+    """Same names, sizes and mtimes, other bytes (``cp -p``, an unpacked archive): the decode
+    cache is keyed on the files' contents, so the images answer for their real labels."""
+    root, cache = make_folder(tmp_path / "images"), tmp_path / "cache"
+    a, b = root / "test" / "ant" / "0.png", root / "test" / "zebra" / "0.png"
+    assert a.stat().st_size == b.stat().st_size  # random 32x32 PNGs: equal sizes, else the test is moot
+    before = epoch(build_fast(root, cache)[1])
+    stamps = {p: (p.stat().st_atime_ns, p.stat().st_mtime_ns) for p in (a, b)}
+    bytes_a, bytes_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(bytes_b)
+    b.write_bytes(bytes_a)
+    for p, ns in stamps.items():
+        os.utime(p, ns=ns)
+    counted_decode.clear()
+    after = epoch(build_fast(root, cache)[1])
+    assert len(counted_decode) == 18  # decoded again
+    assert torch.equal(after[1], before[1]) and not torch.equal(after[0], before[0])
+
+
 def test_a_corrupt_cache_is_rebuilt(tmp_path, counted_decode):
     root, cache = make_folder(tmp_path / "images"), tmp_path / "cache"
     first = epoch(build_fast(root, cache)[1])

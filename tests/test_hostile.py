@@ -11,6 +11,7 @@ checkpoint goes through ``prune``, and the commands share the loader.
 import functools
 import json
 import os
+import pickle
 import random
 import resource
 import struct
@@ -159,6 +160,41 @@ def zoo(tmp_path_factory):
         edit(ckpt)
         ckpt["checksum"] = checksum(ckpt)
         torch.save(ckpt, d / f"{name}.pth")
+    forged(d, "archescape.pth", put("arch", "vgg\n\x1b[2J" + "x" * 2**20))
+    forged(d, "imagesize.pth", put("data", {"dataset": "synthetic", "data_root": None, "image_size": 4000}))
+    forged(d, "imagesizehuge.pth", put("data", {"dataset": "synthetic", "data_root": None,
+                                                "image_size": 10**9}))
+    external32 = models.build("torchvision:mobilenet_v2", num_classes=10, kwargs={"width_mult": 0.25},
+                              input_size=[3, 32, 32])
+
+    def narrow(*names, keep=4):
+        def edit(c):
+            for key in list(c["state_dict"]):
+                if key.rsplit(".", 1)[0] in names and c["state_dict"][key].dim() >= 1:
+                    c["state_dict"][key] = c["state_dict"][key][:keep].clone()
+        return edit
+
+    def narrow_last(c):  # the last conv and its BN narrowed together, the classifier left as it was
+        narrow("features.18.0", "features.18.1", keep=640)(c)
+        c["cfg"] = {"features.18.1": 640}
+
+    for name, edit in [("extimagesize", put("data", {"dataset": "synthetic", "data_root": None,
+                                                     "image_size": 640})),
+                       ("extnarrowbn", narrow("features.0.1")),
+                       ("extclassifier", narrow_last),
+                       ("extsegmenter", put("arch", "torchvision:deeplabv3_mobilenet_v3_large"))]:
+        ckpt = checkpoint_dict(external32)
+        edit(ckpt)
+        ckpt["checksum"] = checksum(ckpt)
+        torch.save(ckpt, d / f"{name}.pth")
+    for name, data in [("extmobile", None),
+                       ("extimagesizehuge", {"dataset": "synthetic", "image_size": 5000})]:
+        ckpt = checkpoint_dict(external, data=data)  # no input_size: the data record decides
+        ckpt["checksum"] = checksum(ckpt)
+        torch.save(ckpt, d / f"{name}.pth")
+    with open(d / "plainpickle.pth", "wb") as f:
+        pickle.dump({"arch": "vgg", "state_dict": {}}, f, protocol=4)
+    raw(d, "blockedglobal.pth", {"arch": "vgg", "state_dict": {}, "x": os.system})
     paper = {"state_dict": model.state_dict(), "cfg": 5, "epoch": None}
     raw(d, "papercfg.pth", paper)
     (d / "afile").write_text("I am a file")
@@ -199,6 +235,11 @@ CHECKPOINTS = [
     ("selectoob", "select.index"), ("selectdup", "select.index"),
     ("extusercode", "your own code"), ("extunknown", "no_such_net"), ("extweights", "nothing downloads"),
     ("exthugeint", "numbers above"), ("extcfg", "its cfg says"),
+    # text from a file is escaped and cut; a plain pickle and a blocked global say they are refused
+    ("archescape", "'arch'"), ("plainpickle", "plain Python pickle"), ("blockedglobal", "posix.system"),
+    # weights inconsistent with themselves; a network that is not a classifier (and no download)
+    ("extnarrowbn", "do not fit together"), ("extclassifier", "do not fit together"),
+    ("extsegmenter", "has shape"),
 ]
 CASES = [(f"prune-{name}", ["prune", "--checkpoint", f"{{f}}/{name}.pth", "--percent", "0.5",
                             "--save", "{o}", "--cpu"], needle) for name, needle in CHECKPOINTS]
@@ -254,6 +295,30 @@ CASES += [
                                    "--max-layer-prune", "1.5", "--save", "{o}", "--cpu"], "(0, 1]"),
     ("prune-recalibrate-neg", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5",
                                "--recalibrate-bn", "-1", "--save", "{o}", "--cpu"], ">= 0"),
+    ("prune-round-to-blocks", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.3", "--round-to",
+                               "64", "--save", "{o}", "--cpu"], "--round-to 64 put channels back"),
+    ("prune-max-layer-prune-blocks", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.3",
+                                      "--max-layer-prune", "0.01", "--save", "{o}", "--cpu"],
+     "--max-layer-prune 0.01 put channels back"),
+    # sizes a checkpoint records are bounded and checked against the network's own
+    ("eval-imagesize", ["eval", "--checkpoint", "{f}/imagesize.pth", "--cpu"], "takes 32x32"),
+    ("eval-imagesize-huge", ["eval", "--checkpoint", "{f}/imagesizehuge.pth", "--cpu"], "1000000000 pixels"),
+    ("eval-extimagesize-huge", ["eval", "--checkpoint", "{f}/extimagesizehuge.pth", "--cpu"],
+     "from 1 to 1024"),
+    ("eval-extimagesize", ["eval", "--checkpoint", "{f}/extimagesize.pth", "--cpu"], "takes 32x32"),
+    ("finetune-imagesize", ["finetune", "--checkpoint", "{f}/imagesize.pth", "--save", "{o}", "--cpu"],
+     "takes 32x32"),
+    ("sweep-imagesize", ["sweep", "--checkpoint", "{f}/imagesize.pth", "--save", "{o}", "--cpu"],
+     "takes 32x32"),
+    # one shape check for every command
+    ("eval-extnarrowbn", ["eval", "--checkpoint", "{f}/extnarrowbn.pth", *SYN], "do not fit together"),
+    ("stats-extclassifier", ["stats", "--checkpoint", "{f}/extclassifier.pth", "--cpu"],
+     "do not fit together"),
+    ("export-extnarrowbn", ["export", "--checkpoint", "{f}/extnarrowbn.pth", "--out", "{o}.pt2", "--cpu"],
+     "do not fit together"),
+    # an allocation that fails is one line
+    ("stats-out-of-memory", ["stats", "--checkpoint", "{f}/extmobile.pth", "--input-size", "3,4096,4096",
+                             "--cpu"], "out of memory"),
     ("eval-device-cuda", ["eval", "--checkpoint", "{f}/good.pth", "--device", "cuda:0",
                           "--dataset", "synthetic"], "no CUDA device"),
     ("eval-evil", ["eval", "--checkpoint", "{f}/evil.pth", *SYN], "refused"),
@@ -318,6 +383,35 @@ CASES += [
                                  "--save", "{o}", *SYN], "JSON object"),
     ("train-model-kwargs-weights", ["train", "--arch", "torchvision:resnet18", "--model-kwargs",
                                     '{{"weights": "DEFAULT"}}', "--save", "{o}", *SYN], "nothing downloads"),
+    # builders: nothing downloads, options are checked by building on the meta device first
+    ("train-arch-detector", ["train", "--arch", "torchvision:fasterrcnn_mobilenet_v3_large_320_fpn",
+                             "--save", "{o}", *SYN], "not class scores"),
+    ("train-weights-backbone", ["train", "--arch", "torchvision:deeplabv3_mobilenet_v3_large",
+                                "--model-kwargs", '{{"weights_backbone": "DEFAULT"}}', "--save", "{o}", *SYN],
+     "nothing downloads"),
+    ("train-model-kwargs-exponent", ["train", "--arch", "torchvision:mobilenet_v2", "--model-kwargs",
+                                     '{{"width_mult": 1e20}}', "--save", "{o}", *SYN], "numbers above"),
+    ("train-model-kwargs-infinity", ["train", "--arch", "torchvision:mobilenet_v2", "--model-kwargs",
+                                     '{{"width_mult": Infinity}}', "--save", "{o}", *SYN], "numbers above"),
+    ("train-model-kwargs-zero-division", ["train", "--arch", "torchvision:mobilenet_v2", "--model-kwargs",
+                                          '{{"round_nearest": 0}}', "--save", "{o}", *SYN], "by zero"),
+    ("train-model-kwargs-wide", ["train", "--arch", "torchvision:mobilenet_v2", "--model-kwargs",
+                                 '{{"width_mult": 4096}}', "--save", "{o}", *SYN], "parameters; more than"),
+    ("train-timm-features-only", ["train", "--arch", "timm:resnet18", "--model-kwargs",
+                                  '{{"features_only": true}}', "--save", "{o}", *SYN], "not class scores"),
+    ("train-timm-global-pool", ["train", "--arch", "timm:resnet18", "--model-kwargs",
+                                '{{"global_pool": ""}}', "--save", "{o}", *SYN],
+     "timm:resnet18"),  # refused by the builder (older timm) or by the meta forward (newer)
+    ("train-timm-in-chans", ["train", "--arch", "timm:resnet18", "--model-kwargs", '{{"in_chans": 1}}',
+                             "--save", "{o}", *SYN], "cannot take a batch"),
+    ("train-arch-long-name", ["train", "--arch", "torchvision:" + "x\x1b" * 50_000, "--save", "{o}", *SYN],
+     "no model"),
+    ("train-no-num-classes", ["train", "--arch", "torchvision:raft_small", "--save", "{o}", *SYN],
+     "num_classes"),
+    ("train-data-root-fifo", ["train", "--dataset", "imagefolder", "--data-root", "{f}/fifo.pth", "--save",
+                              "{o}", "--cpu"], "a FIFO, not a folder"),
+    ("train-data-root-device", ["train", "--dataset", "imagefolder", "--data-root", "/dev/null", "--save",
+                                "{o}", "--cpu"], "a character device, not a folder"),
     ("train-model-kwargs-family", ["train", "--model-kwargs", '{{"a": 1}}', "--save", "{o}", *SYN],
      "shipped families"),
     ("train-init-missing", ["train", "--init", "{f}/missing.pth", "--save", "{o}", *SYN], "no such file"),
@@ -438,14 +532,16 @@ def results(zoo, tmp_path_factory):
     def limit():
         resource.setrlimit(resource.RLIMIT_DATA, (MEMORY, MEMORY))
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "TORCH_HOME": str(work / "torch-home")}  # a download would make its cache folder here
     proc = subprocess.run([sys.executable, str(work / "runner.py"), str(zoo), str(out),
                            str(work / "cases.json"), str(work / "results.jsonl")],
                           preexec_fn=limit, env=env, capture_output=True, text=True, timeout=1200)
     rows = {}
     if (work / "results.jsonl").exists():
         rows = {r["id"]: r for r in map(json.loads, (work / "results.jsonl").read_text().splitlines())}
-    rows["_process"] = {"code": proc.returncode, "stderr": proc.stderr[-2000:]}
+    rows["_process"] = {"code": proc.returncode, "stderr": proc.stderr[-2000:],
+                        "downloaded": (work / "torch-home").exists()}
     return rows
 
 
@@ -457,6 +553,7 @@ def test_hostile_input_is_one_line_exit_2_and_changes_nothing(results, zoo, case
     assert row["code"] == 2, row["stderr"][-1500:]
     assert len(lines) == 1 and "Traceback" not in row["stderr"], row["stderr"][-1500:]
     assert needle in lines[0], lines[0]
+    assert len(lines[0]) <= 1000 and "\x1b" not in lines[0], lines[0][:1000]  # readable, and inert
     assert not row["changed"] and not row["created"], "a file was written or changed"
     assert row["seconds"] < 30
     assert not (zoo / "pwned").exists()
@@ -464,6 +561,7 @@ def test_hostile_input_is_one_line_exit_2_and_changes_nothing(results, zoo, case
 
 def test_the_runner_itself_ended_cleanly(results):
     assert results["_process"]["code"] == 0, results["_process"]["stderr"]
+    assert not results["_process"]["downloaded"], "a case tried to download (TORCH_HOME was made)"
 
 
 def test_the_table_covers_every_command():

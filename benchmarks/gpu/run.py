@@ -458,9 +458,22 @@ def environment() -> dict:
     return env
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line and exit 2, as slimming's commands (which may not
+        self.exit(2, f"{self.prog}: error: {message}\n")  # be installed yet when this runs)
+
+
+def out_folder(text: str) -> Path:
+    path = Path(text)
+    if any(p.exists() and not p.is_dir() for p in [path, *path.parents]):
+        raise argparse.ArgumentTypeError(f"{text} is a file (or inside one), not a folder")
+    return path
+
+
 def parse(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="results.json, run.log, pruned.pth, finetuned.pth")
+    p = Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=out_folder, required=True,
+                   help="results.json, run.log, pruned.pth, finetuned.pth")
     p.add_argument("--data", type=Path, default=REPO / "gpu-data/cifar10.pack", help="the packed CIFAR-10")
     p.add_argument("--steps", default=",".join(STEPS), help="comma list of: " + ", ".join(STEPS))
     p.add_argument("--budget-s", type=float, default=None, help="seconds for everything (540; smoke 150)")
@@ -468,7 +481,7 @@ def parse(argv=None) -> argparse.Namespace:
                    help="each step's share of the time left when it starts")
     p.add_argument("--smoke", action="store_true", help="every step, tiny, on whatever device is here")
     p.add_argument("--no-install", action="store_true", help="skip pip install --no-deps -e .")
-    p.add_argument("--work", type=Path, default=None, help="full runs (runs/gpu-work; smoke: OUT/work)")
+    p.add_argument("--work", type=out_folder, default=None, help="full runs (runs/gpu-work; smoke: OUT/work)")
     p.add_argument("--state", type=Path, default=None, help="a previous OUT copied back: resume from it")
     p.add_argument("--paper-flags", default=None, help="training flags for the paper step, e.g. "
                    "'--paper-flags=--amp --amp-dtype bfloat16' (default: step 2's best)")
