@@ -191,8 +191,8 @@ def cmd_prune(args) -> None:
               "original (its cut gammas at zero) on random images; the paper's cut is kept")
     if args.recalibrate_bn:
         recalibrate(args, ckpt, result.model, device)
-    ask = next(f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
-               if getattr(args, k) is not None)
+    ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
+                if getattr(args, k) is not None), "--percent")
     for note in prune_warnings(model, result, args.min_channels, ask):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
     source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"), "epoch": ckpt.get("epoch")}
