@@ -24,7 +24,7 @@ import re
 import torch
 from torch import nn
 
-from slimming.errors import clip, first_line
+from slimming.errors import clip, first_line, is_out_of_memory
 
 LIBRARIES = ("torchvision", "timm")
 # what a checkpoint's kwargs may hold: plain JSON, small (a builder's options, not data)
@@ -186,11 +186,9 @@ def check_forward(arch: str, model: nn.Module, input_size, num_classes: int | No
     try:
         with torch.no_grad():
             out = model.eval()(torch.zeros(2, *input_size, device=device))
-    except (MemoryError, torch.OutOfMemoryError):
-        raise  # the caller's one line for an allocation that failed
     except Exception as e:
-        if isinstance(e, RuntimeError) and "can't allocate memory" in str(e):
-            raise
+        if is_out_of_memory(e):
+            raise  # the command's one line for an allocation that failed (slimming.cli)
         raise ValueError(f"{clip(arch)} cannot take a batch of {'x'.join(map(str, input_size))} images: "
                          f"{clip(first_line(e, 160), 160)}") from None
     finally:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, commands, runs
-from .errors import SlimmingError, TrainingError, clip, first_line
+from .errors import SlimmingError, TrainingError, clip, first_line, is_out_of_memory
 from .files import handle_signals, human_bytes
 
 ARCH_ALIASES = {"resnet": "preresnet"}  # the paper's name for its pre-activation ResNet
@@ -495,10 +495,9 @@ def out_of_memory(e: BaseException) -> str | None:
     """One line for an allocation that failed (a MemoryError, the CPU allocator's "can't
     allocate memory", CUDA's OutOfMemoryError): how much was asked for, when the allocator says,
     and what to lower. None for any other error."""
-    text = str(e)
-    if not (isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text):
+    if not is_out_of_memory(e):
         return None
-    asked = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]iB)", text)
+    asked = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]iB)", str(e))
     size = ""
     if asked:
         size = f" ({human_bytes(int(asked[1])) if asked[1] else asked[2]} asked for)"

@@ -45,7 +45,7 @@ def cmd_train(args) -> None:
                                 f"{num_classes} classes")
         if models.external.is_external(args.arch):
             size = data.get("image_size") or 32
-            try:  # checked on the meta device first (slimming.models.external), before any folder
+            try:  # size on the meta device, then one forward (slimming.models.external): before any folder
                 model = models.build(args.arch, num_classes=num_classes, kwargs=args.model_kwargs,
                                      input_size=[3, size, size])
             except ValueError as e:

@@ -37,6 +37,13 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     return text[0][:limit] if text else type(e).__name__
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation that failed: a MemoryError, the CPU allocator's "can't
+    allocate memory" (a RuntimeError), CUDA's OutOfMemoryError ("out of memory")."""
+    text = str(e)
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
+
+
 def clip(value, limit: int = 80) -> str:
     """A value read from a file, for a one-line message: a printable string as it is, anything
     else (a newline, a terminal escape, a non-string) as ``ascii()`` writes it, and cut to about
