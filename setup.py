@@ -1,3 +1,6 @@
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 PLOT = ["matplotlib>=3.5"]
@@ -6,7 +9,7 @@ TIMM = ["timm>=1.0.8"]  # 1.0.8: the first with the test_* models the tests buil
 
 setup(
     name="slimming",
-    version="0.1.0",
+    version=re.search(r'__version__ = "(.+)"', Path("slimming/version.py").read_text()).group(1),
     description="Network slimming for PyTorch: L1-sparse BatchNorm training, channel pruning, "
                 "fine-tuning (Liu et al., ICCV 2017)",
     long_description=open("README.md", encoding="utf-8").read(),

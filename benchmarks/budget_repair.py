@@ -29,8 +29,8 @@ from common import accuracy, guarded, loaders_like, out_folder, parser, positive
 
 import slimming
 from slimming import models
-from slimming.repair import recalibrate_bn
-from slimming.stats import count_flops, count_params, latency_ms
+from slimming.measure.stats import count_flops, count_params, latency_ms
+from slimming.pruning.repair import recalibrate_bn
 
 CFG = "16,M,32,M,64,64,M,128,128,M,128,128"
 RECALIBRATE = 50  # batches of 64 training images

@@ -10,9 +10,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from slimming.cli import Parser, positive_int  # noqa: F401 (positive_int: for the scripts' flags)
+from slimming.cli.parser import Parser, positive_int  # noqa: F401 (positive_int: for the scripts' flags)
 from slimming.errors import SlimmingError
-from slimming.prune import prunable_bns
+from slimming.pruning.select import prunable_bns
 
 
 def parser(doc: str | None) -> Parser:
@@ -70,7 +70,7 @@ def loaders_like(data_root, ckpt: dict, batch_size: int = 64):
 
 def accuracy(model: nn.Module, loader) -> float:
     """Top-1 test accuracy (%) of ``model`` in eval mode on the CPU."""
-    from slimming.engine import evaluate
+    from slimming.training.engine import evaluate
 
     return evaluate(model.eval(), loader, torch.device("cpu"), show_progress=False)["acc"]
 

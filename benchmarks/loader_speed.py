@@ -31,7 +31,7 @@ from torch import nn
 
 from slimming import models
 from slimming.data import build_loaders
-from slimming.sparsity import BNSparsity
+from slimming.training.sparsity import BNSparsity
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = [16, "M", 32, "M", 64, 64, "M", 128, 128, "M", 128, 128]  # quarter-width VGG-11

@@ -21,8 +21,8 @@ import torch
 from common import accuracy, guarded, loaders_like, out_folder, parser, positive_int, run
 
 import slimming
-from slimming.importance import BNScale
-from slimming.stats import model_stats
+from slimming.measure.stats import model_stats
+from slimming.pruning.importance import BNScale
 
 
 def describe(model) -> dict:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slimming.cli import Parser  # noqa: E402
+from slimming.cli.parser import Parser  # noqa: E402
+from slimming.data.packed import pack_folder  # noqa: E402
 from slimming.errors import SlimmingError  # noqa: E402
-from slimming.packed import pack_folder  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from common import guarded, out_folder, parser, positive_int, sparsity_shaped
 import slimming
 from slimming import models
 from slimming.cli import main as slimming_main
-from slimming.stats import model_stats
+from slimming.measure.stats import model_stats
 
 CFG = "16,M,32,M,64,64,M,128,128,M,128,128"
 
@@ -36,7 +36,7 @@ def run(*argv: str) -> None:
 
 def evaluate(path: Path, data: list[str]) -> float:
     from slimming.data import build_loaders
-    from slimming.engine import evaluate as ev
+    from slimming.training.engine import evaluate as ev
 
     _, test_loader, _ = build_loaders("imagefolder", data[data.index("--data-root") + 1], 256)
     return ev(slimming.load_model(path), test_loader, torch.device("cpu"))["acc"]

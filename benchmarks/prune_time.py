@@ -23,7 +23,8 @@ from common import sparsity_shaped
 
 import slimming
 from slimming import models
-from slimming.prune import channel_masks, copy_chain_weights, prunable_bns
+from slimming.pruning.prune import copy_chain_weights
+from slimming.pruning.select import channel_masks, prunable_bns
 
 
 def prune_with_init(model, percent):

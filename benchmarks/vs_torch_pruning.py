@@ -25,7 +25,7 @@ from common import accuracy, guarded, loaders_like, parser, positive_int
 from torch import nn
 
 import slimming
-from slimming.importance import BNScale
+from slimming.pruning.importance import BNScale
 
 
 def timed(fns, repeats: int):

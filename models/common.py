@@ -9,6 +9,8 @@ only the kept channels (the paper's code normalises every channel, then discards
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
@@ -73,14 +75,19 @@ def check_widths(family: str, cfg: list, limits: list[int]) -> None:
                          f"{limits[i]} its BatchNorm reads")
 
 
-def init_weights(net: nn.Module) -> None:
-    """The paper's initialisation: He-normal convs (fan-out), BN gamma 0.5 and beta 0; linear
-    layers keep PyTorch's default, as in the paper's ResNet/DenseNet code."""
+def init_weights(net: nn.Module, *, convs: bool = True, linear_std: float | None = None) -> None:
+    """The paper's initialisation: He-normal convs (fan-out; ``convs=False`` keeps PyTorch's
+    default, as the paper's NIN does), BN gamma 0.5 and beta 0 (the paper starts every gamma at
+    0.5); linear layers N(0, ``linear_std``) with zero bias (its VGG), or PyTorch's default when
+    None (its ResNet/DenseNet code)."""
     for m in net.modules():
-        if isinstance(m, nn.Conv2d):
+        if isinstance(m, nn.Conv2d) and convs:
             nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
         elif isinstance(m, nn.BatchNorm2d):
             nn.init.constant_(m.weight, 0.5)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Linear) and linear_std is not None:
+            nn.init.normal_(m.weight, 0, linear_std)
             nn.init.zeros_(m.bias)
 
 
@@ -111,3 +118,35 @@ class StreamNet:
 
     def pruned_cfg(self, kept: list[int]) -> list[int]:
         return list(kept)
+
+
+# --------------------------------------------------------------------------- reading the paper's files
+
+def conv_widths(sd: dict, prefix: str) -> list[tuple[int, torch.Tensor]]:
+    """(N, weight) of every 4-d ``{prefix}.N.weight``, by N."""
+    found = [(int(m.group(1)), v) for k, v in sd.items()
+             if (m := re.fullmatch(rf"{re.escape(prefix)}\.(\d+)\.weight", k)) and v.dim() == 4]
+    if not found:
+        raise ValueError(f"no {prefix}.N conv weights")
+    return sorted(found, key=lambda t: t[0])
+
+
+def count_blocks(sd: dict, prefix: str) -> int:
+    return len({m.group(1) for k in sd if (m := re.match(rf"{prefix}\.(\d+)\.", k))})
+
+
+def paper_entry(sd: dict, bn: str, select: str) -> None:
+    """The paper's full-width ``bn`` + float ``select.indexes`` -> our kept-channel ``bn`` and
+    int64 ``select.index``, in place. A file already in our layout passes through."""
+    indexes = sd.pop(f"{select}.indexes", None)
+    if indexes is None:
+        if f"{select}.index" not in sd:  # no selection at all: every channel is read
+            sd[f"{select}.index"] = torch.arange(sd[f"{bn}.weight"].numel(), device=sd[f"{bn}.weight"].device)
+        return
+    width = sd[f"{bn}.weight"].numel()
+    if indexes.dim() != 1 or indexes.numel() != width:
+        raise ValueError(f"{select}.indexes has {indexes.numel()} entries for the {width} channels of {bn}")
+    keep = indexes.nonzero().squeeze(1)
+    for key in BN_STATE:
+        sd[f"{bn}.{key}"] = sd[f"{bn}.{key}"].index_select(0, keep)
+    sd[f"{select}.index"] = keep

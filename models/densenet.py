@@ -16,7 +16,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import ChannelSelect, ChannelSlices, StreamNet, check_widths, entry_slices
+from .common import (
+    ChannelSelect,
+    ChannelSlices,
+    StreamNet,
+    check_widths,
+    count_blocks,
+    entry_slices,
+    paper_entry,
+)
+from .registry import register
 
 GROWTH = 12
 
@@ -75,11 +84,36 @@ class Transition(Layer):
         return nn.functional.avg_pool2d(self.branch(x), 2)
 
 
+def read_structure(sd: dict, depth: int | None) -> tuple[dict, list]:
+    """(options, cfg) of this family's network as the state_dict ``sd`` of one of the paper's
+    files says (its entry layout converted in place); KeyError/ValueError on a misfit."""
+    n = count_blocks(sd, "dense1")
+    if n == 0 or count_blocks(sd, "dense2") != n or count_blocks(sd, "dense3") != n:
+        raise ValueError("dense1..3 do not hold the same number of layers")
+    if depth is not None and depth != 3 * n + 4:
+        raise ValueError(f"it has {n} layers a dense block: depth {3 * n + 4}, not {depth}")
+    cfg = []
+    for b in range(1, 4):
+        for p in [f"dense{b}.{i}" for i in range(n)] + ([f"trans{b}"] if b < 3 else []):
+            paper_entry(sd, p + ".bn1", p + ".select")
+            w = sd[p + ".conv1.weight"]
+            if p.startswith("dense") and w.shape[0] != GROWTH:
+                raise ValueError(f"growth rate {w.shape[0]}; only {GROWTH} is supported")
+            cfg.append(w.shape[1])
+    paper_entry(sd, "bn", "select")
+    return {"depth": 3 * n + 4, "num_classes": sd["fc.weight"].shape[0]}, cfg + [sd["fc.weight"].shape[1]]
+
+
+@register
 class Net(StreamNet, nn.Module):
     """DenseNet: 3x3 stem conv (24) -> dense1 -> trans1 -> dense2 -> trans2 -> dense3 -> select
     -> bn -> ReLU -> 8x8 average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes)."""
 
     arch = "densenet"
+    aliases = ()
+    input_size = (3, 32, 32)
+    surgery = "sliced"
+    read_structure = staticmethod(read_structure)  # the paper's files (above)
 
     def __init__(self, depth: int = 40, cfg: list | None = None, num_classes: int = 10):
         super().__init__()

@@ -9,7 +9,9 @@ pruning; then ``{BatchNorm name: width}``). Nothing downloads: pretrained weight
 
 A ``package.module:function`` arch imports and runs the user's own code. It is only ever run
 when the user names it (``--arch`` on the command line, ``arch=`` in Python), never because a
-checkpoint says so: ``slimming.checkpoint`` refuses such a file unless the same arch is given.
+checkpoint says so: ``slimming.io.checkpoint`` refuses such a file unless the same arch is given.
+``resize_like`` gives a freshly built (meta) network the widths of a pruned state_dict: how a
+pruned torchvision/timm checkpoint rebuilds itself.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import re
 import torch
 from torch import nn
 
-from slimming.errors import clip, first_line, is_out_of_memory
+from ..errors import CheckpointError, clip, first_line, is_out_of_memory
+from ..utils.modules import set_tensor
+from .common import BN_STATE
 
 LIBRARIES = ("torchvision", "timm")
 # what a checkpoint's kwargs may hold: plain JSON, small (a builder's options, not data)
@@ -65,8 +69,8 @@ def check_kwargs(kwargs) -> dict:
                              "are refused")
     refused = [k for k in kwargs if k in REFUSED_KWARGS]
     if refused:
-        raise ValueError(f"model kwarg {refused[0]!r}: nothing downloads; start from your own "
-                         "weights with --init PATH")
+        raise ValueError(f"model kwarg {refused[0]!r}: nothing downloads; start from weights of "
+                         "your own (slimming train --init PATH)")
     return kwargs
 
 
@@ -137,7 +141,7 @@ def build_external(arch: str, cfg: dict | None = None, *, empty: bool = False,
         raise ValueError(f"input_size must be C, H, W (each 1 to 4096), got {input_size!r}")
     model = _construct(arch, builder, call, empty=True)
     _check_size(arch, model)  # before a byte is allocated
-    if not empty:  # an empty model is checked by whoever fills it (slimming.checkpoint)
+    if not empty:  # an empty model is checked by whoever fills it (slimming.io.checkpoint)
         model = _construct(arch, builder, call, empty=False)
         check_forward(arch, model, input_size, num_classes)
     model.arch = arch
@@ -188,7 +192,7 @@ def check_forward(arch: str, model: nn.Module, input_size, num_classes: int | No
             out = model.eval()(torch.zeros(2, *input_size, device=device))
     except Exception as e:
         if is_out_of_memory(e):
-            raise  # the command's one line for an allocation that failed (slimming.cli)
+            raise  # the command's one line for an allocation that failed (slimming.cli.parser)
         raise ValueError(f"{clip(arch)} cannot take a batch of {'x'.join(map(str, input_size))} images: "
                          f"{clip(first_line(e, 160), 160)}") from None
     finally:
@@ -201,3 +205,52 @@ def check_forward(arch: str, model: nn.Module, input_size, num_classes: int | No
                          "commands train classifiers (options such as features_only or global_pool "
                          "change the output; a detector is pruned from Python)")
 
+
+def _empty_like(m: nn.Module, name: str, shape: tuple[int, ...], parameter: bool) -> None:
+    old = getattr(m, name)
+    if old is None:
+        return
+    t = torch.empty(shape, dtype=old.dtype, device=old.device)
+    set_tensor(m, name, t, parameter)
+
+
+def resize_like(model: nn.Module, state_dict: dict, path: str = "checkpoint") -> None:
+    """Give every Conv2d, BatchNorm and Linear of ``model`` (built on the meta device) the
+    width its weights have in ``state_dict``, in place, so that ``load_state_dict`` fits. Only
+    widths change: kernel sizes, strides and the kind of a convolution stay as built."""
+    for name, m in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if isinstance(m, nn.Conv2d):
+            w = state_dict.get(prefix + "weight")
+            if w is None or tuple(w.shape) == tuple(m.weight.shape):
+                continue
+            if tuple(w.shape[2:]) != tuple(m.weight.shape[2:]) or w.dim() != 4:
+                raise CheckpointError(f"{path}: {prefix}weight has shape {tuple(w.shape)}, not a "
+                                      f"{tuple(m.weight.shape[2:])} convolution's")
+            if m.groups > 1 and m.groups == m.in_channels == m.out_channels:
+                if w.shape[1] != 1:
+                    raise CheckpointError(f"{path}: {prefix}weight is not a depthwise kernel")
+                m.in_channels = m.out_channels = m.groups = w.shape[0]
+            elif m.groups == 1:
+                m.out_channels, m.in_channels = w.shape[0], w.shape[1]
+            else:
+                raise CheckpointError(f"{path}: {prefix}weight: the grouped convolution {name} "
+                                      "is never cut, yet its shape differs")
+            _empty_like(m, "weight", tuple(w.shape), True)
+            _empty_like(m, "bias", (w.shape[0],), True)
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            stats = state_dict.get(prefix + "running_mean", state_dict.get(prefix + "weight"))
+            if stats is None or stats.dim() != 1 or stats.numel() == m.num_features:
+                continue
+            m.num_features = stats.numel()
+            for t in BN_STATE:
+                _empty_like(m, t, (m.num_features,), t in ("weight", "bias"))
+        elif isinstance(m, nn.Linear):
+            w = state_dict.get(prefix + "weight")
+            if w is None or tuple(w.shape) == tuple(m.weight.shape):
+                continue
+            if w.dim() != 2:
+                raise CheckpointError(f"{path}: {prefix}weight is not a linear layer's")
+            m.out_features, m.in_features = w.shape
+            _empty_like(m, "weight", tuple(w.shape), True)
+            _empty_like(m, "bias", (w.shape[0],), True)

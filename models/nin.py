@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from .common import conv_widths, init_weights
+from .registry import register
+
 DEFAULT_CFG = [192, 160, 96, 192, 192, 192, 192, 192]
 
 # (kernel size, padding) of the nine convs; 'M' marks a 3x3/2 max-pool with padding 1.
@@ -14,6 +17,16 @@ def block(cin: int, cout: int, k: int, pad: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, k, padding=pad), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
 
 
+def read_structure(sd: dict, depth: int | None) -> tuple[dict, list]:
+    """(options, cfg) of this family's network as the state_dict ``sd`` of one of the paper's
+    files says (its entry layout converted in place); KeyError/ValueError on a misfit."""
+    convs = conv_widths(sd, "feature")
+    if depth is not None:
+        raise ValueError("NIN takes no depth")
+    return {"num_classes": convs[-1][1].shape[0]}, [w.shape[0] for _, w in convs[:-1]]
+
+
+@register
 class Net(nn.Module):
     """Nine conv-BN-ReLU blocks (conv bias on), the last one to ``num_classes``, then 8x8 avg pool.
 
@@ -22,6 +35,10 @@ class Net(nn.Module):
     """
 
     arch = "nin"
+    aliases = ()
+    input_size = (3, 32, 32)
+    surgery = "chain"
+    read_structure = staticmethod(read_structure)  # the paper's files (above)
 
     def __init__(self, cfg: list | None = None, num_classes: int = 10):
         super().__init__()
@@ -43,10 +60,7 @@ class Net(nn.Module):
         self.feature = nn.Sequential(*layers)
         if layers[0].weight.is_meta:  # build(empty=True): weights come by assignment
             return
-        for m in self.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                nn.init.constant_(m.weight, 0.5)
-                nn.init.zeros_(m.bias)
+        init_weights(self, convs=False)
 
     def forward(self, x):
         x = nn.functional.avg_pool2d(self.feature(x), 8)

@@ -38,8 +38,11 @@ from .common import (
     StreamNet,
     bn_slices,
     check_widths,
+    count_blocks,
     entry_slices,
+    paper_entry,
 )
+from .registry import register
 
 EXPANSION = 4
 PLANES = (16, 32, 64)
@@ -98,11 +101,35 @@ class Bottleneck(nn.Module):
         return out + x
 
 
+def read_structure(sd: dict, depth: int | None) -> tuple[dict, list]:
+    """(options, cfg) of this family's network as the state_dict ``sd`` of one of the paper's
+    files says (its entry layout converted in place); KeyError/ValueError on a misfit."""
+    n = count_blocks(sd, "layer1")
+    if n == 0 or count_blocks(sd, "layer2") != n or count_blocks(sd, "layer3") != n:
+        raise ValueError("layer1..3 do not hold the same number of blocks")
+    if depth is not None and depth != 9 * n + 2:
+        raise ValueError(f"it has {n} blocks a stage: depth {9 * n + 2}, not {depth}")
+    cfg = []
+    for s in range(1, 4):
+        for k in range(n):
+            p = f"layer{s}.{k}."
+            paper_entry(sd, p + "bn1", p + "select")
+            w1, w2 = sd[p + "conv1.weight"], sd[p + "conv2.weight"]
+            cfg += [w1.shape[1], w1.shape[0], w2.shape[0]]
+    paper_entry(sd, "bn", "select")
+    return {"depth": 9 * n + 2, "num_classes": sd["fc.weight"].shape[0]}, cfg + [sd["fc.weight"].shape[1]]
+
+
+@register
 class Net(StreamNet, nn.Module):
     """Pre-activation ResNet: 3x3 stem conv (16) -> layer1..3 -> select -> bn -> ReLU -> 8x8
     average pool -> ``fc``. Input (N, 3, 32, 32), output (N, num_classes) logits."""
 
     arch = "preresnet"
+    aliases = ("resnet",)  # the paper's name
+    input_size = (3, 32, 32)
+    surgery = "sliced"
+    read_structure = staticmethod(read_structure)  # the paper's files (above)
 
     def __init__(self, depth: int = 164, cfg: list | None = None, num_classes: int = 10):
         super().__init__()

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from torch import nn
 
+from .common import conv_widths, init_weights
+from .registry import register
+
 # 'M' is a 2x2 max-pool; a number is a 3x3 conv + BN + ReLU of that width.
 DEFAULT_CFGS: dict[int, list] = {
     11: [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512],
@@ -41,6 +44,25 @@ def check_cfg(cfg: list) -> None:
                          f"got {pools}")
 
 
+def read_structure(sd: dict, depth: int | None) -> tuple[dict, list]:
+    """(options, cfg) of this family's network as the state_dict ``sd`` of one of the paper's
+    files says (its entry layout converted in place); KeyError/ValueError on a misfit."""
+    cfg, i = [], 0
+    for j, w in conv_widths(sd, "feature"):  # conv j, BN j+1, ReLU j+2, a max-pool in a gap
+        if j - i not in (0, 1):
+            raise ValueError(f"feature.{j} is not where a VGG conv can be")
+        cfg += ["M"] * (j - i) + [w.shape[0]]
+        i = j + 3
+    shape = ["M" if v == "M" else 0 for v in cfg]
+    same = [d for d, c in DEFAULT_CFGS.items() if ["M" if v == "M" else 0 for v in c] == shape]
+    if depth is None:
+        depth = same[0] if same else 19  # a custom cfg: build() keeps depth 19 as its option
+    elif depth not in same:
+        raise ValueError(f"its {sum(v != 'M' for v in cfg)} convs and max-pools are not VGG-{depth}'s")
+    return {"depth": depth, "num_classes": sd["classifier.weight"].shape[0]}, cfg
+
+
+@register
 class Net(nn.Module):
     """VGG for 32x32 inputs: ``feature`` -> 2x2 average pool -> ``Linear(cfg[-1], num_classes)``.
 
@@ -48,6 +70,10 @@ class Net(nn.Module):
     """
 
     arch = "vgg"
+    aliases = ()
+    input_size = (3, 32, 32)
+    surgery = "chain"
+    read_structure = staticmethod(read_structure)  # the paper's files (above)
 
     def __init__(self, cfg: list | None = None, depth: int = 19, num_classes: int = 10):
         super().__init__()
@@ -63,15 +89,7 @@ class Net(nn.Module):
         self.classifier = nn.Linear(cfg[-1], num_classes)
         if self.classifier.weight.is_meta:  # build(empty=True): weights come by assignment
             return
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.constant_(m.weight, 0.5)  # the paper's code starts gammas at 0.5
-                nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, 0, 0.01)
-                nn.init.zeros_(m.bias)
+        init_weights(self, linear_std=0.01)
 
     def forward(self, x):
         x = self.feature(x)

@@ -1,16 +1,29 @@
 """The user's mistakes, as one exception family.
 
-``SlimmingError`` is what bad input raises anywhere in the toolkit: a flag out of range, a file
-that is not a usable checkpoint, a data folder that cannot be read. Its message is one line that
-names the file or flag and says what to do. ``slimming.cli.main`` catches it (and only it) once,
-prints that line and exits with code 2; anything else that escapes is a bug and keeps its
-traceback. It subclasses ValueError, so Python callers that catch ValueError keep working.
+``SlimmingError`` is what bad input raises anywhere in the toolkit: an argument out of range, a
+file that is not a usable checkpoint, a data folder that cannot be read. Its message is one line
+that names the file or the Python parameter (``target_flops``) and says what to do; ``params``
+lists the parameters it names, so that the command line can write its flags in their place
+(``--target-flops``, ``slimming.cli.parser.FLAGS``) without the library knowing any flag.
+``slimming.cli.parser.main`` turns it into that one line and exit code 2 (as it does an
+out-of-memory error and ``TrainingError``, exit code 1); anything else that escapes is a bug and
+keeps its traceback. It subclasses ValueError, so Python callers that catch ValueError keep
+working.
 """
 
 from __future__ import annotations
 
 
-class SlimmingError(ValueError):
+class NamesParameters(Exception):
+    """An error whose one-line message names Python parameters: ``param`` (one name or several)
+    are kept as ``params`` for the command line to write its flags in their place."""
+
+    def __init__(self, message: str = "", *, param: str | tuple[str, ...] = ()):
+        super().__init__(message)
+        self.params = (param,) if isinstance(param, str) else tuple(param)
+
+
+class SlimmingError(NamesParameters, ValueError):
     """A mistake in the user's input; the message is one line meant for the user."""
 
 
@@ -26,7 +39,7 @@ class ExportError(SlimmingError):
     """An export that failed or does not reproduce the model."""
 
 
-class TrainingError(RuntimeError):
+class TrainingError(NamesParameters, RuntimeError):
     """The run cannot go on (for example a non-finite loss); exit code 1, not a usage error."""
 
 
@@ -35,6 +48,13 @@ def first_line(e: BaseException, limit: int = 200) -> str:
     ``limit`` characters: what a one-line error may quote of a library's message."""
     text = str(e).strip().splitlines()
     return text[0][:limit] if text else type(e).__name__
+
+
+def load_error(e: BaseException, limit: int = 200) -> str:
+    """What a failed ``load_state_dict`` says in one line: the first line past its "Error(s) in
+    loading state_dict" heading (a missing key, a shape), else the message's first line."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return (lines[1] if len(lines) > 1 and "Error(s) in loading" in lines[0] else first_line(e))[:limit]
 
 
 def is_out_of_memory(e: BaseException) -> bool:

@@ -20,6 +20,7 @@ def cases(f: Path, d: Path) -> dict[str, list[str]]:
         "vs_torch_pruning.py": ["--checkpoint", str(d / "missing.pth"), "--repeats", "0"],
         "loader_speed.py": ["--cache-dir", str(f)],
         "pack_images.py": [str(d), str(d)],
+        "compare_trees.py": [str(d), str(d)],
         "gpu/run.py": ["--out", str(f), "--no-install"],
     }
 

@@ -9,7 +9,7 @@ import torch
 
 from slimming import count_params, load_model
 from slimming.cli import main
-from slimming.engine import lr_milestones
+from slimming.training.engine import lr_milestones
 
 TINY = "8,M,16,M,16,16,M,24,M,24"
 DATA = ["--dataset", "synthetic", "--workers", "0", "--cpu", "--batch-size", "128"]
@@ -200,7 +200,7 @@ def test_paper_checkpoint_from_the_command_line(tmp_path, capsys):
 
 def test_version_and_grouped_help_with_defaults(capsys):
     import slimming
-    from slimming.cli import build_parser
+    from slimming.cli.parser import build_parser
 
     assert run(capsys, "--version")[1].strip() == f"slimming {slimming.__version__}"
     parser = build_parser()
@@ -235,7 +235,7 @@ def test_prune_gives_the_same_file_whatever_the_device_flags(sparse_run, tmp_pat
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prune_rebuilds_on_cuda_and_saves_the_cpu_file(sparse_run, tmp_path, capsys, monkeypatch):
-    import slimming.commands as commands
+    import slimming.cli.commands as commands
 
     seen = {}
     real = commands.prune

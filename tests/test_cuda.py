@@ -20,8 +20,8 @@ from conftest import TINY_VGG, sparsity_shaped
 
 import slimming
 from slimming import BNSparsity, models
-from slimming.devices import full_precision
-from slimming.engine import Trainer, make_scheduler
+from slimming.training.engine import Trainer, make_scheduler
+from slimming.utils.devices import full_precision
 
 HAS_CUDA = torch.cuda.is_available()
 pytestmark = pytest.mark.usefixtures("one_thread")  # the CPU cases: tiny convolutions, busy cores
@@ -178,7 +178,7 @@ def test_prune_on_cuda_with_tf32_stays_close_to_the_cpu_one():
 def test_export_on_cuda_reproduces_the_model(fmt, name, tmp_path):
     """``slimming export`` on a GPU machine: the model stays on CUDA, the file is checked
     against it with the default tolerance (ONNX through onnxruntime on the CPU)."""
-    from slimming.export import export_model
+    from slimming.tools.export import export_model
 
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")

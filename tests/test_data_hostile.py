@@ -15,10 +15,9 @@ import torch
 from conftest import png
 from PIL import Image
 
-from slimming import images
-from slimming.data import DataError, build_datasets, build_loaders, decode_imagefolder
-from slimming.images import check_image, list_images, read_image
-from slimming.safeload import checksum
+from slimming.data import DataError, build_datasets, build_loaders, decode_imagefolder, images
+from slimming.data.images import check_image, list_images, read_image
+from slimming.utils.safeload import checksum
 
 
 @pytest.fixture(autouse=True)
@@ -89,13 +88,13 @@ def test_a_header_claiming_too_many_pixels_is_refused_before_decoding(tmp_path, 
     bad = root / "test" / "bee" / "zz.png"  # the last file: every image is checked, not the first
     bad.write_bytes(png(*size, 8, 2, b"\0" * 100))  # a 200-byte file
 
-    real = images._rgb8
+    real = images.rgb8
 
     def decode(im):
         assert im.size == (32, 32), "decoded an image whose size is wrong"
         return real(im)
 
-    monkeypatch.setattr(images, "_rgb8", decode)
+    monkeypatch.setattr(images, "rgb8", decode)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         start = time.perf_counter()
@@ -111,7 +110,7 @@ def test_a_header_claiming_too_many_pixels_is_refused_before_decoding(tmp_path, 
 def test_size_is_checked_from_the_header_before_any_decoding(tmp_path, monkeypatch):
     path = tmp_path / "wide.png"
     path.write_bytes(png(64001, 1000, 8, 2, b"\0" * 100))  # 64,001,000 pixels: one too many rows
-    monkeypatch.setattr(images, "_rgb8", lambda im: pytest.fail("decoded"))
+    monkeypatch.setattr(images, "rgb8", lambda im: pytest.fail("decoded"))
     for read in (read_image, check_image):
         with pytest.raises(DataError, match="64001x1000 = 64,001,000 pixels, over the limit"):
             read(path)

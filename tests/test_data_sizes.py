@@ -14,19 +14,21 @@ from conftest import png
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from slimming import data, imagefolder, images
 from slimming.data import (
     IMAGENET_STATS,
     STATS,
     DataError,
     DataInfo,
-    EpochDataLoader,
     TensorLoader,
     build_datasets,
     build_loaders,
     decode_imagefolder,
+    imagefolder,
+    images,
 )
-from slimming.images import read_image
+from slimming.data import datasets as data
+from slimming.data.images import read_image
+from slimming.data.loaders import EpochDataLoader
 
 MEAN, STD = STATS["cifar10"]
 SIZES = [(40, 50), (64, 64), (17, 33)]  # (width, height) of the mixed folder's images
@@ -198,7 +200,7 @@ def test_the_builtin_datasets_take_an_image_size_too(capsys):
 def test_bad_image_sizes(bad):
     with pytest.raises(DataError) as e:
         build_loaders("synthetic", image_size=bad)
-    assert "--image-size" in one_line(e)
+    assert "image_size" in one_line(e) and e.value.params == ("image_size",)  # the CLI: --image-size
 
 
 # --------------------------------------------------------------------------- layout and modes
@@ -260,13 +262,13 @@ def test_a_header_claiming_100000_by_100000_pixels_is_refused_before_decoding(tm
     root = mixed_folder(tmp_path / "images")
     bad = root / "train" / "bee" / "zz.png"
     bad.write_bytes(png(100_000, 100_000, 8, 2, b"\0" * 100))  # 10 gigapixels in 130 bytes
-    real = images._rgb8
+    real = images.rgb8
 
     def decode(im):
         assert im.size[0] * im.size[1] <= images.MAX_PIXELS, "decoded a decompression bomb"
         return real(im)
 
-    monkeypatch.setattr(images, "_rgb8", decode)
+    monkeypatch.setattr(images, "rgb8", decode)
     for kind in ("fast", "torchvision"):
         with pytest.raises(DataError) as e:
             build(root, tmp_path / "cache", loader=kind)
@@ -354,7 +356,7 @@ def test_a_damaged_statistics_cache_is_rebuilt(tmp_path, measured, capsys, damag
 
 
 def test_a_forged_statistics_cache_is_rebuilt(tmp_path, measured, capsys):
-    from slimming.safeload import checksum
+    from slimming.utils.safeload import checksum
 
     root, cache = mixed_folder(tmp_path / "images"), tmp_path / "cache"
     info = build(root, cache, 32)[0].info

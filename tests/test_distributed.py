@@ -12,12 +12,12 @@ import pytest
 import torch
 import torch.distributed as torch_dist
 
-import slimming.distributed as sd
+import slimming.training.distributed as sd
 
 WORKER = textwrap.dedent("""
     import os, sys, torch
-    import slimming.engine as engine
-    from slimming.prune import unwrap
+    import slimming.training.engine as engine
+    from slimming.utils.modules import unwrap
 
     fit = engine.Trainer.fit
 

@@ -8,7 +8,7 @@ from conftest import TINY_VGG, randomize_bn
 from torch import nn
 
 from slimming import BNSparsity, models
-from slimming.engine import Trainer, lr_factor, make_optimizer, make_scheduler
+from slimming.training.engine import Trainer, lr_factor, make_optimizer, make_scheduler
 
 
 def zero_loss_step(amp_dtype, init_scale=2.0**30, strength=1e-2, lr=0.1):

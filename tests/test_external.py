@@ -147,7 +147,7 @@ def test_init_starts_from_your_weights_and_refuses_ones_that_do_not_fit(tmp_path
     mine = models.build("torchvision:mobilenet_v2", num_classes=10, kwargs={"width_mult": 0.25})
     torch.save({"model": mine.state_dict()}, tmp_path / "mine.pth")
     seen = {}
-    import slimming.commands as commands
+    import slimming.cli.commands as commands
 
     real = commands.load_init
 

@@ -14,8 +14,8 @@ from torch import nn
 
 import slimming
 from slimming import models
-from slimming.graph import GraphError, trace
-from slimming.importance import BNScale
+from slimming.pruning.graph import GraphError, trace
+from slimming.pruning.importance import BNScale
 
 torchvision = pytest.importorskip("torchvision")
 

@@ -26,7 +26,7 @@ import torch
 from conftest import randomize_bn
 
 from slimming import checkpoint_dict, models, save_checkpoint
-from slimming.safeload import checksum
+from slimming.utils.safeload import checksum
 
 TINY = [8, "M", 16, "M", 16, "M", 16, "M", 16]
 SYN = ["--dataset", "synthetic", "--cpu"]
@@ -566,7 +566,7 @@ def test_the_runner_itself_ended_cleanly(results):
 
 def test_the_table_covers_every_command():
     """A command added later must bring its hostile inputs into the table."""
-    from slimming.cli import build_parser
+    from slimming.cli.parser import build_parser
 
     commands = set(build_parser()._subparsers._group_actions[0].choices)
     assert {argv[0] for _, argv, _ in CASES} == commands

@@ -16,9 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
-from slimming import packed
-from slimming.data import DataError, build_datasets, build_loaders, decode_imagefolder, load_images
-from slimming.packed import DIGEST, PREFIX, decode_pack, pack_folder, read_pack
+from slimming.data import DataError, build_datasets, build_loaders, decode_imagefolder, load_images, packed
+from slimming.data.packed import DIGEST, PREFIX, decode_pack, pack_folder, read_pack
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -211,7 +211,7 @@ def test_paper_files_load_and_match_the_paper_forward(arch, kind, prefix, tmp_pa
     path = tmp_path / "paper.pth.tar"
     write(path, sd, kind, cfg, prefix)
 
-    with pytest.raises(CheckpointError, match="--arch") as e:
+    with pytest.raises(CheckpointError, match="pass arch") as e:  # the parameter: the CLI says --arch
         load_checkpoint(path)
     assert "\n" not in str(e.value)
 

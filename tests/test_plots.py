@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from slimming import plots
+from slimming.tools import plots
 
 pytest.importorskip("matplotlib")
 

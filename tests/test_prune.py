@@ -11,7 +11,7 @@ from conftest import random_cfg, randomize_bn
 from torch import nn
 
 from slimming import channel_masks, checkpoint_dict, load_model, models, prune, save_checkpoint
-from slimming.prune import prunable_bns
+from slimming.pruning.select import prunable_bns
 
 PERCENTS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95]
 FAMILIES = [("nin", None), ("vgg", 11), ("vgg", 13), ("vgg", 16), ("vgg", 19)]

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import slimming
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 
@@ -23,6 +25,11 @@ def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
         assert "% of |gamma| under 1e-2" in out and "feature.1" in out
         assert (tmp_path / "pruned.pth").exists()
         assert namespace["net"].cfg == namespace["result"].cfg
+    if "TrainConfig" in code:  # a run from Python, then its checkpoint pruned
+        assert namespace["run"].last["epoch"] == 1
+        assert (tmp_path / "runs" / "py-sparse" / "best.pth").exists()
+        small = slimming.load_model(tmp_path / "runs" / "py-pruned.pth")
+        assert sum(v for v in small.cfg if v != "M") < 16 + 32 + 32 + 64 + 64
     if "example_inputs" in code:  # any module, pruned through its graph
         result = namespace["result"]
         assert result.model.classifier[1].in_features == namespace["model"].classifier[1].in_features

@@ -14,8 +14,8 @@ from torch import nn
 import slimming
 from slimming import models
 from slimming.cli import main
-from slimming.repair import recalibrate_bn
-from slimming.stats import channels_last_note, count_flops, count_params
+from slimming.measure.stats import channels_last_note, count_flops, count_params
+from slimming.pruning.repair import recalibrate_bn
 
 SMALL_VGG = [16, "M", 16, "M", 16, 16, "M", 16, "M", 16]
 
@@ -254,7 +254,7 @@ def test_the_channels_last_note():
 
 
 def test_measuring_latency_leaves_the_model_trainable():
-    from slimming.stats import model_stats
+    from slimming.measure.stats import model_stats
 
     model = models.build("vgg", cfg=SMALL_VGG)
     model_stats(model, repeats=1)

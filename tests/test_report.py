@@ -12,12 +12,13 @@ import torch
 from conftest import TINY_VGG, randomize_bn
 
 import slimming
-from slimming import models, plots
-from slimming.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
+from slimming import models
 from slimming.cli import main
 from slimming.errors import SlimmingError
-from slimming.report import MAX_EVAL_BYTES, MAX_METRICS_BYTES, build_report, write_report
-from slimming.sweep import MAX_POINTS, parse_percents, sweep, write_sweep
+from slimming.io.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
+from slimming.tools import plots
+from slimming.tools.report import MAX_EVAL_BYTES, MAX_METRICS_BYTES, build_report, write_report
+from slimming.tools.sweep import MAX_POINTS, parse_percents, sweep, write_sweep
 
 TINY = "8,M,16,M,16,16,M,24,M,24"
 DATA = ["--dataset", "synthetic", "--cpu", "--batch-size", "128"]

@@ -13,7 +13,7 @@ from test_prune import rel_diff, zeroed_reference
 from torch import nn
 
 from slimming import BNSparsity, checkpoint_dict, count_params, load_model, models, prune, save_checkpoint
-from slimming.prune import copy_sliced_weights
+from slimming.pruning.prune import copy_sliced_weights
 
 SMALL = [("preresnet", 11), ("preresnet", 20), ("densenet", 10), ("densenet", 16)]
 PERCENTS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95]

@@ -16,7 +16,7 @@ from conftest import randomize_bn
 
 from slimming import CheckpointError, checkpoint_dict, load_checkpoint, load_model, models, save_checkpoint
 from slimming.cli import main
-from slimming.engine import Trainer, TrainingError, make_scheduler
+from slimming.training.engine import Trainer, TrainingError, make_scheduler
 
 TINY = [8, "M", 16, "M", 16, "M", 16, "M", 16]
 SYN = ["--dataset", "synthetic", "--cpu"]

@@ -8,8 +8,8 @@ from torch import nn
 import slimming
 from slimming import BNSparsity, add_l1_subgradient, models
 from slimming.data import TensorImages, synthetic_images
-from slimming.engine import lr_factor
-from slimming.sparsity import SparsityController
+from slimming.training.engine import lr_factor
+from slimming.training.sparsity import SparsityController
 
 
 def with_random_grads(model, gen):

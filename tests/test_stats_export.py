@@ -9,8 +9,8 @@ from torch import nn
 
 from slimming import checkpoint_dict, count_flops, models, prune, save_checkpoint
 from slimming.cli import main
-from slimming.export import ExportError, export_model
-from slimming.stats import format_stats, latency_ms, model_stats, size_on_disk
+from slimming.measure.stats import format_stats, latency_ms, model_stats, size_on_disk
+from slimming.tools.export import ExportError, export_model
 
 CFG = [8, "M", 16, "M", 16, "M", 16, "M", 24]
 
@@ -89,7 +89,7 @@ def test_exported_program_runs_any_batch(ckpts):
 
 
 def test_a_wrong_export_is_refused_and_leaves_no_file(ckpts, monkeypatch):
-    from slimming import export
+    from slimming.tools import export
 
     monkeypatch.setitem(export.RUNNERS, "torchscript", lambda m, x, p: m(x) + 1.0)
     model = models.build("vgg", cfg=CFG).eval()

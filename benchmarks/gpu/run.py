@@ -131,8 +131,8 @@ def throughput(a, part: Path) -> None:
     import slimming as sl
     from slimming import models
     from slimming.data import build_loaders
-    from slimming.engine import Trainer, make_optimizer, make_scheduler
-    from slimming.loaders import TensorLoader
+    from slimming.data.loaders import TensorLoader
+    from slimming.training.engine import Trainer, make_optimizer, make_scheduler
 
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -228,7 +228,7 @@ def throughput(a, part: Path) -> None:
 
 def unpack(pack_path: Path, folder: Path) -> None:
     """The pack's JPEG files written back as an ImageFolder (for ``--loader torchvision``)."""
-    from slimming.packed import read_pack
+    from slimming.data.packed import read_pack
 
     pack = read_pack(pack_path)  # validated; its images are the bytes right after ``prefix``
     with open(pack_path, "rb") as f:
@@ -244,7 +244,7 @@ def latency(a, dev, net: dict, ncls: int, batches: tuple[int, int]) -> dict:
     """Forward latency (ms) of the network before and after a 70% prune, at batch 1 and ``batches``."""
     import slimming as sl
     from slimming import models
-    from slimming.stats import latency_ms
+    from slimming.measure.stats import latency_ms
 
     sparse = a.work / "paper" / "sparse" / "best.pth"
     if sparse.exists():
@@ -434,7 +434,7 @@ def tiny_data(work: Path) -> tuple[Path, str]:
                 colour = tuple(25 * c + rng.randrange(20) for _ in range(3))
                 Image.new("RGB", (32, 32), colour).save(root / split / f"c{c}" / f"{i}.jpg", quality=90)
     try:
-        from slimming.packed import pack_folder
+        from slimming.data.packed import pack_folder
     except ImportError:
         return root, "folder (slimming.packed not available: the folder itself is the data)"
     pack_folder(root, work / "tiny.pack")

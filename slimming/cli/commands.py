@@ -1,0 +1,275 @@
+"""What each subcommand does. ``cli.py`` parses the command line and turns mistakes into one
+line; the functions here take the parsed arguments and do the work through the library:
+``runs.py`` holds what every command shares (device, outputs, data, reading checkpoints),
+``training.py`` the training runs, ``pipeline.py`` ``slimming pipeline``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from torch import nn
+
+from .. import models
+from ..errors import SlimmingError, clip, first_line
+from ..io.checkpoint import save_checkpoint
+from ..measure.stats import (
+    channels_last_note,
+    count_params,
+    format_stats,
+    input_size_of,
+    latency_ms,
+    model_stats,
+)
+from ..pruning.importance import get_importance
+from ..pruning.repair import recalibrate_bn
+from ..pruning.select import prunable_bns
+from ..tools import plots
+from ..tools.export import export_model
+from ..tools.prune_checkpoint import prune_checkpoint
+from ..tools.report import build_report, write_report
+from ..tools.sweep import parse_percents, sweep, write_sweep
+from ..training.config import TrainConfig
+from ..training.engine import evaluate
+from ..training.runs import (
+    DEVICE_FLAGS,
+    announce_device,
+    check_classes,
+    check_output,
+    data_of,
+    default_data,
+    device_for,
+    loaders,
+    native_size,
+    plain_args,
+    read_checkpoint,
+)
+from ..training.sparsity import SPARSE_BOUND
+from ..training.train import load_init, train
+
+# --------------------------------------------------------------------------- train, finetune
+
+def cmd_train(args) -> None:
+    def make_model(num_classes: int, device: torch.device, data: dict):
+        if args.num_classes is not None and args.num_classes != num_classes:
+            raise SlimmingError(f"--num-classes {args.num_classes}, but the dataset has "
+                                f"{num_classes} classes")
+        if models.external.is_external(args.arch):
+            size = data.get("image_size") or 32
+            try:  # size on the meta device, then one forward (slimming.models.external): before any folder
+                model = models.build(args.arch, num_classes=num_classes, kwargs=args.model_kwargs,
+                                     input_size=[3, size, size])
+            except ValueError as e:
+                raise SlimmingError(f"--arch {clip(args.arch)}: {first_line(e, 400)}") from None
+        else:
+            options = {"num_classes": num_classes}
+            if args.depth is not None and args.cfg is None:
+                options["depth"] = args.depth
+            model = models.build(args.arch, cfg=args.cfg, **options)
+        if args.init is not None:
+            load_init(model, args.init)
+        return model, {}
+
+    train(TrainConfig.from_args(args), make_model, native=native_size(args.arch), record=plain_args(args))
+
+
+def cmd_finetune(args) -> None:
+    ckpt, model = read_checkpoint(args, args.checkpoint)  # on the CPU; the run moves it
+    default_data(args, ckpt)
+
+    def make_model(num_classes: int, device: torch.device, data: dict):
+        check_classes(ckpt, args.checkpoint, num_classes)
+        source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"),
+                  "source_acc": ckpt.get("source_acc")}
+        return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source}
+
+    train(TrainConfig.from_args(args), make_model, native=native_size(ckpt["arch"]),
+          record=plain_args(args))
+
+
+# --------------------------------------------------------------------------- the other commands
+
+def checkpoint_and_data(args, device: torch.device):
+    """``--checkpoint`` rebuilt on ``device`` and the data it was trained on (the data flags
+    override): (checkpoint, model, train loader, test loader)."""
+    ckpt, model = read_checkpoint(args, args.checkpoint, device)
+    default_data(args, ckpt)
+    train_loader, test_loader, num_classes = loaders(args, device, image_size=native_size(ckpt["arch"]))
+    check_classes(ckpt, args.checkpoint, num_classes)
+    announce_device(args, device)
+    return ckpt, model, train_loader, test_loader
+
+
+def cmd_eval(args) -> dict:
+    device = device_for(args)
+    _, model, _, test_loader = checkpoint_and_data(args, device)
+    m = evaluate(model.to(device), test_loader, device)
+    print(f"{args.checkpoint}: top-1 accuracy {m['acc']:.2f}%  loss {m['loss']:.4f}  "
+          f"({m['count']} test images of {args.dataset}, {count_params(model):,} parameters)")
+    return m
+
+
+def prune_warnings(model: nn.Module, result, min_channels: int, ask: str = "--percent") -> list[str]:
+    """What to say before a fine-tune is spent on a pruning that cannot work well: layers the
+    guard refilled, and a model whose gammas show no sparsity. ``ask``: the flag that asked for
+    the cut (``--percent``, ``--threshold``, ``--target-flops``, ``--target-params``)."""
+    notes = []
+    if result.guarded:
+        names = ", ".join(result.guarded[:6]) + (", ..." if len(result.guarded) > 6 else "")
+        smaller = {"--threshold": "a smaller --threshold", "--target-flops": "a larger budget",
+                   "--target-params": "a larger budget"}.get(ask, "a smaller --percent")
+        notes.append(f"{len(result.guarded)} layer(s) fell to the --min-channels guard and keep "
+                     f"only their {min_channels} largest-|gamma| channel(s): {names}; that can "
+                     f"cost much accuracy: try {smaller}")
+    gammas = torch.cat([bn.weight.detach().abs().float().cpu() for bn in prunable_bns(model)])
+    near_zero = (gammas < SPARSE_BOUND).float().mean().item()
+    cut = sum(b - a for _, b, a in result.layer_table()) / max(gammas.numel(), 1)
+    if near_zero < cut / 2:
+        notes.append(f"only {100 * near_zero:.1f}% of prunable |gamma| are under {SPARSE_BOUND:g} but "
+                     f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, "
+                     "so this cuts channels that still matter; sparsity training comes first "
+                     "(slimming train --sparsity 1e-4 ...)")
+    return notes
+
+
+def shape_options(args) -> dict:
+    """What every cut respects (``slimming.prune``'s keywords), from the flags."""
+    return {"min_channels": args.min_channels, "round_to": args.round_to,
+            "max_layer_prune": args.max_layer_prune, "compensate": args.compensate,
+            "importance": get_importance(getattr(args, "importance", "bn-max"))}
+
+
+def recalibrate(args, ckpt: dict, model: nn.Module, device: torch.device) -> None:
+    """``--recalibrate-bn N``: the pruned network's BatchNorm statistics, re-estimated on N
+    batches of the data the checkpoint was trained on (or the data flags given)."""
+    default_data(args, ckpt)
+    train_loader, _, _ = loaders(args, device, image_size=native_size(ckpt["arch"]))
+    seen = recalibrate_bn(model, train_loader, args.recalibrate_bn, device)
+    print(f"BatchNorm statistics re-estimated on {seen:,} training images ({args.dataset})")
+
+
+def cmd_prune(args) -> None:
+    out = args.save / "pruned.pth"
+    check_output(out, args.overwrite)
+    device = device_for(args)
+    paper = {"arch": args.arch, "depth": args.depth} if getattr(args, "arch", None) else {}
+    pruned = prune_checkpoint(args.checkpoint, device=device, **paper, percent=args.percent,
+                              threshold=args.threshold, target_flops=args.target_flops,
+                              target_params=args.target_params, **shape_options(args))
+    ckpt, model, result = pruned.source, pruned.original, pruned.result
+    table = result.layer_table()
+    announce_device(args, device)
+    width = max(len(n) for n, _, _ in table)
+    print(f"{'layer':<{width}}  before  after")
+    for name, before, after in table:
+        print(f"{name:<{width}}  {before:>6}  {after:>5}")
+    before = sum(b for _, b, _ in table)
+    after = sum(a for _, _, a in table)
+    p0, p1 = count_params(model), count_params(result.model)
+    thr = "none" if result.threshold is None else f"{result.threshold:.4g}"
+    print(f"channels {before} -> {after} ({100 * (before - after) / before:.1f}% removed; "
+          f"|gamma| threshold {thr})")
+    print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
+    if result.budget:
+        b = result.budget
+        what = "FLOPs" if b["what"] == "flops" else "parameter"
+        print(f"{what} budget {b['target']:.4g} ({100 * b['target'] / b['full']:.1f}% of "
+              f"{b['full']:.4g}): {b['achieved']:.4g} achieved ({100 * b['achieved'] / b['full']:.2f}%)")
+    if isinstance(result.cfg, dict):  # a traced network: its widths per BatchNorm, in the file
+        changed = sum(1 for _, b, a in table if a != b)
+        print(f"widths of {changed} of {len(table)} BatchNorm layers changed (the file's cfg)")
+    else:
+        print(f"cfg {result.cfg}")
+    if result.compensation.get("applied"):
+        c = result.compensation
+        print(f"compensation: the constant outputs of {c['folded']} cut channel inputs folded into "
+              f"{c['layers']} layers" + (f"; {c['unfolded']} left as the paper leaves them (no bias "
+                                          "and no BatchNorm right after the layer reading them)"
+                                          if c["unfolded"] else ""))
+    elif result.compensation.get("layers"):
+        print("compensation: not applied: folding did not bring the pruned network closer to the "
+              "original (its cut gammas at zero) on random images; the paper's cut is kept")
+    if args.recalibrate_bn:
+        recalibrate(args, ckpt, result.model, device)
+    ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
+                if getattr(args, k) is not None), "--percent")
+    for note in prune_warnings(model, result, args.min_channels, ask):
+        print(f"slimming prune: warning: {note}", file=sys.stderr)
+    save_checkpoint(pruned.checkpoint(data=data_of(ckpt), args=plain_args(args, leave_out=DEVICE_FLAGS)), out)
+    print(f"saved {out}")
+
+
+def cmd_stats(args) -> None:
+    device = device_for(args)
+    paths = [args.checkpoint] + ([args.compare] if args.compare else [])
+    loaded = [read_checkpoint(args, path, device)[1] for path in paths]
+    size = args.input_size or input_size_of(loaded[0])
+    for model in loaded:
+        models.check_input_size(model, size)
+    announce_device(args, device)
+    results = [model_stats(model.to(device).eval(), size, repeats=args.repeats) for model in loaded]
+    if args.json:
+        print(json.dumps({str(p): r for p, r in zip(paths, results)}, indent=1))
+        return
+    print(f"checkpoint: {args.checkpoint}" + (f"\ncompare:    {args.compare}" if args.compare else ""))
+    print(f"on {device}; FLOPs count a multiply-add as two (torch.utils.flop_counter); latency: "
+          f"median of {args.repeats} runs under torch.inference_mode")
+    print(format_stats(results[0], results[1] if args.compare else None, ("checkpoint", "compare")))
+    for path, r in zip(paths, results):
+        note = channels_last_note(r)
+        if note:
+            print(f"{path}: {note}")
+
+
+def cmd_sweep(args) -> None:
+    axis, text = next(((a, v) for a, v in (("flops", args.target_flops), ("params", args.target_params))
+                       if v is not None), ("percent", args.percents or "0.1:0.9:0.1"))
+    flag = {"percent": "--percents", "flops": "--target-flops", "params": "--target-params"}[axis]
+    points = parse_percents(text, flag)
+    if axis != "percent" and 0 in points:
+        raise SlimmingError(f"{flag}: a budget of 0 leaves nothing; give fractions in (0, 1)")
+    check_output(args.save / "sweep.csv", False)
+    device = device_for(args)
+    _, model, train_loader, test_loader = checkpoint_and_data(args, device)
+    options = {k: v for k, v in shape_options(args).items() if k != "min_channels"}
+    repair = None
+    if args.recalibrate_bn:
+        def repair(m):
+            recalibrate_bn(m, train_loader, args.recalibrate_bn, device)
+    rows = sweep(model.to(device).eval(), test_loader, device, points, args.min_channels,
+                 input_size_of(model), axis=axis, options=options, repair=repair)
+    for r in rows:
+        what = "unpruned     " if r.get("reference") else (
+            f"percent {r['percent']:<5g}" if axis == "percent" else f"{axis} {r['target']:<5g}")
+        print(f"{what} params kept {100 * r['params_kept']:5.1f}%  FLOPs kept "
+              f"{100 * r['flops_kept']:5.1f}%  top-1 {r['acc']:.2f}%")
+    written = write_sweep(rows, args.save)
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
+def cmd_export(args) -> None:
+    check_output(args.out, args.overwrite, param="out")
+    device = device_for(args)
+    _, model = read_checkpoint(args, args.checkpoint, device)
+    size = args.input_size or input_size_of(model)
+    models.check_input_size(model, size)
+    diff = export_model(model, args.out, args.format, size, atol=args.atol)
+    announce_device(args, device)
+    print(f"exported {args.out} ({args.format}, on {device}); largest difference from PyTorch on "
+          f"a random batch: {diff:.3g} (tolerance {args.atol:g})")
+    quick = {"latency_ms": {64: latency_ms(model, 64, size, repeats=5)},
+             "latency_ms_channels_last": {64: latency_ms(model, 64, size, repeats=5, channels_last=True)}}
+    note = channels_last_note(quick)
+    if note:
+        print(f"note: {note}")
+
+
+def cmd_report(args) -> None:
+    device = device_for(args)
+    report = build_report(args.run, args.repeats, device, getattr(args, "arch", None))
+    announce_device(args, device)
+    written = write_report(report, args.run)
+    print("wrote " + ", ".join(str(p) for p in written))
+    if not plots.available():
+        print(f"text only: {plots.MISSING}")

@@ -1,0 +1,584 @@
+"""Command line: ``slimming train | prune | finetune | eval | stats | sweep | export | report |
+pipeline``. Parses arguments (and ``--config`` files), checks them against each other, and turns
+user mistakes (``SlimmingError``) into one line on stderr and exit code 2; ``commands.py`` does
+the work. Flags are grouped in ``--help`` (model, data, training, sparsity, output, device),
+each with its default."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from pathlib import Path
+
+from .. import models
+from ..data.datasets import DATASETS
+from ..errors import NamesParameters, SlimmingError, TrainingError, clip, first_line, is_out_of_memory
+from ..pruning import importance
+from ..training import runs
+from ..utils import devices
+from ..utils.files import handle_signals, human_bytes
+from ..version import __version__
+from . import commands, pipeline
+
+CONFIG_MAX_BYTES = 64 * 1024
+CONFIG_MAX_DEPTH = 4
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" for every flag that has a real default (not None or a switch's bool)."""
+
+    def _get_help_string(self, action):
+        if (action.default is None or isinstance(action.default, bool) or action.default is argparse.SUPPRESS
+                or "%(default)" in (action.help or "")):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):  # one line, not usage + error
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _number(kind, low, low_ok: bool, what: str, high: float = math.inf):
+    """An argparse type: a finite ``kind`` in [low, high) (low excluded unless ``low_ok``)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if (not math.isfinite(value) or value < low or (value == low and not low_ok)
+                or value >= high):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}")
+        return value
+    return parse
+
+
+positive_int = _number(int, 1, True, "a positive integer")
+count = _number(int, 0, True, ">= 0")
+positive_float = _number(float, 0.0, False, "positive")
+nonneg_float = _number(float, 0.0, True, ">= 0")
+fraction = _number(float, 0.0, True, "in [0, 1)", high=1.0)
+seed = _number(int, 0, True, "in [0, 2**63)", high=2**63)
+
+
+def arch_name(text: str) -> str:
+    """A shipped family (or the paper's alias), or torchvision:NAME / timm:NAME /
+    package.module:function (checked when the flags are read together: ``check_args``)."""
+    if ":" in text:
+        return text
+    name = models.canonical(text)
+    if name not in models.FAMILIES:
+        raise argparse.ArgumentTypeError(f"unknown arch {text!r}; choose one of: "
+                                         f"{', '.join(sorted([*models.FAMILIES, *models.ALIASES]))}, "
+                                         "or torchvision:NAME, timm:NAME, package.module:function")
+    return name
+
+
+def json_object(text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("give a JSON object, e.g. '{\"width_mult\": 0.5}'")
+    return value
+
+
+def parse_cfg(text: str) -> list:
+    """``16,M,32`` -> [16, 'M', 32]."""
+    out: list = []
+    for tok in text.split(","):
+        tok = tok.strip()
+        if tok.upper() == "M":
+            out.append("M")
+        elif tok.isdigit() and 0 < int(tok) <= 100_000:
+            out.append(int(tok))
+        else:
+            raise argparse.ArgumentTypeError(f"bad cfg entry {tok[:20]!r}: use widths from 1 to "
+                                             "100000 and M")
+    return out
+
+
+def input_size(text: str) -> tuple[int, ...]:
+    try:
+        size = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        size = ()
+    if len(size) != 3 or min(size) < 1 or max(size) > 4096:
+        raise argparse.ArgumentTypeError(f"{text!r}: give C,H,W, each from 1 to 4096, e.g. 3,32,32")
+    return size
+
+
+# --------------------------------------------------------------------------- flag groups
+
+def add_device_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("device")
+    g.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA is available")
+    g.add_argument("--device", default=None, help="torch device, e.g. cuda:1 (default: cuda "
+                   "if available, else cpu)")
+
+
+def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "cifar10") -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", default=dataset_default, choices=DATASETS,
+                   help="the dataset" if dataset_default else
+                   "the dataset (default: what the checkpoint was trained on, else cifar10)")
+    g.add_argument("--data-root", type=Path, default=None,
+                   help="dataset folder (default: the checkpoint's when it says, else "
+                   "~/.cache/slimming/data; for imagefolder a folder with train/<class>/* and "
+                   "test/<class>/*, or an image pack made by benchmarks/pack_images.py)")
+    g.add_argument("--download", action="store_true", help="download CIFAR if it is missing")
+    g.add_argument("--batch-size", type=positive_int, default=64, help="images per step, per process")
+    g.add_argument("--loader", choices=("fast", "torchvision"), default="fast",
+                   help="fast: decoded images held in memory (on the GPU when training there), "
+                   "augmented a whole batch at a time; torchvision: Dataset + DataLoader")
+    g.add_argument("--workers", type=count, default=2, help="DataLoader workers (torchvision loader)")
+    g.add_argument("--image-size", type=_number(int, 1, True, "in [1, 8000]", high=8001), default=None,
+                   metavar="N", help="train and evaluate on NxN images (default: the checkpoint's; "
+                   "else 32 for the shipped CIFAR networks and for 32x32 images, 224 for others)")
+    g.add_argument("--norm", choices=("dataset", "imagenet"), default=None,
+                   help="per-channel normalisation: the training images' mean and std (measured "
+                   "once, cached) or ImageNet's (default: the checkpoint's; else dataset)")
+
+
+def add_model_flags(p: argparse.ArgumentParser, default: str | None, build: bool = False) -> None:
+    """``build``: the flags that make a new network (train, pipeline)."""
+    g = p.add_argument_group("model")
+    g.add_argument("--arch", type=arch_name, default=default,
+                   help="nin, vgg, preresnet (or resnet), densenet, torchvision:NAME, timm:NAME or "
+                   "package.module:function (your own code, run only when you name it)"
+                   + ("" if default else "; needed for checkpoints of the paper's own code and "
+                      "of your own functions"))
+    g.add_argument("--depth", type=positive_int, default=None,
+                   help="VGG 11/13/16/19 (default 19), ResNet 9n+2 (default 164), DenseNet 3n+4 "
+                   "(default 40)")
+    if build:
+        g.add_argument("--cfg", type=parse_cfg, default=None,
+                       help="custom widths, e.g. 16,M,32,M,64,64,M,128,128,M,128,128 (VGG: M = "
+                       "2x2 max-pool, four of them for 32x32 inputs; NIN: eight widths)")
+        g.add_argument("--num-classes", type=positive_int, default=None,
+                       help="outputs of the classifier (default: the dataset's classes)")
+        g.add_argument("--model-kwargs", type=json_object, default={}, metavar="JSON",
+                       help="other arguments of a torchvision/timm/your builder, e.g. "
+                       "'{\"width_mult\": 0.5}'")
+        g.add_argument("--init", type=Path, default=None, metavar="PATH",
+                       help="start from these weights: a state_dict (or a file holding one under "
+                       "'state_dict' or 'model'), e.g. your fine-tuned model")
+
+
+def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | None = "cifar10") -> None:
+    add_data_flags(p, dataset)
+    g = p.add_argument_group("training")
+    g.add_argument("--config", type=Path, metavar="FILE.yaml",
+                   help="YAML file whose keys are long flag names; command-line flags override it")
+    g.add_argument("--epochs", type=positive_int, default=epochs, help="epochs to train")
+    g.add_argument("--opt", choices=("sgd", "adamw"), default="sgd", help="optimizer")
+    g.add_argument("--lr", type=positive_float, default=0.1, help="base learning rate")
+    g.add_argument("--momentum", type=nonneg_float, default=0.9, help="SGD momentum")
+    g.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
+    g.add_argument("--weight-decay", type=nonneg_float, default=1e-4, help="L2 weight decay")
+    g.add_argument("--no-wd-bn", action="store_true", help="no weight decay on BN weights/biases")
+    g.add_argument("--sched", choices=("step", "cosine"), default="step",
+                   help="step: x0.1 at 50%% and 75%% of the epochs (the paper's); cosine")
+    g.add_argument("--warmup-epochs", type=count, default=0, help="linear warm-up epochs")
+    g.add_argument("--label-smoothing", type=fraction, default=0.0, help="in [0, 1)")
+    g.add_argument("--grad-clip", type=nonneg_float, default=0.0, metavar="NORM",
+                   help="clip the gradient norm (0 = off)")
+    g.add_argument("--amp", action="store_true", help="mixed precision with torch.autocast")
+    g.add_argument("--amp-dtype", choices=("float16", "bfloat16"), default=None,
+                   help="default: float16 on CUDA (with GradScaler), bfloat16 on the CPU")
+    g.add_argument("--channels-last", action="store_true", help="channels-last memory format")
+    g.add_argument("--compile", action="store_true", help="torch.compile the model")
+    g.add_argument("--sync-bn", action="store_true", help="SyncBatchNorm across GPUs (CUDA only)")
+    g.add_argument("--seed", type=seed, default=None, help="seed for a repeatable run")
+    g.add_argument("--deterministic", action="store_true",
+                   help="deterministic algorithms only (needs --seed): repeatable runs")
+    g.add_argument("--resume", default=None, metavar="PATH|auto",
+                   help="continue a run: a checkpoint, or auto = DIR/last.pth if it exists")
+    g = p.add_argument_group("sparsity")
+    g.add_argument("--sparsity", type=nonneg_float, default=0.0, metavar="S",
+                   help="L1 strength on BN gammas (0 = off; the paper uses 1e-4 for VGG)")
+    g.add_argument("--sparsity-target", type=_number(float, 0.0, False, "in (0, 1)", high=1.0),
+                   default=None, metavar="F",
+                   help="steer the strength (from --sparsity) epoch by epoch so that a fraction F "
+                   "of prunable |gamma| ends under 1e-2")
+    g = p.add_argument_group("output")
+    g.add_argument("--save", type=Path, required=True, metavar="DIR",
+                   help="folder for last.pth, best.pth and metrics.jsonl")
+    g.add_argument("--overwrite", action="store_true", help="replace a run already in --save")
+    add_device_flags(p)
+
+
+def add_shape_flags(g, recalibrate: int = 0) -> None:
+    """What every cut respects, however its size is chosen; ``recalibrate``: the default of
+    --recalibrate-bn (50 where the data is at hand anyway: sweep, pipeline)."""
+    g.add_argument("--importance", default="bn-max", choices=sorted(importance.CRITERIA),
+                   help="how much a channel matters: bn-max is |gamma| (over a coupled group, the largest); "
+                   "bn-mean and bn-sum average or add a group's |gamma|")
+    g.add_argument("--min-channels", type=positive_int, default=1,
+                   help="channels every layer keeps at least")
+    g.add_argument("--round-to", type=positive_int, default=1, metavar="K",
+                   help="every pruned width a multiple of K (never above the original; the "
+                   "extra channels are the best-scoring ones)")
+    g.add_argument("--max-layer-prune", type=_number(float, 0.0, False, "in (0, 1]", high=1.0 + 1e-12),
+                   default=1.0, metavar="F", help="no layer loses more than this fraction of its channels")
+    g.add_argument("--no-compensate", dest="compensate", action="store_false",
+                   help="the paper's cut: drop the constant a cut channel still emits instead of "
+                   "folding it into the next layer")
+    g.add_argument("--recalibrate-bn", type=count, default=recalibrate, metavar="N",
+                   help="after the cut, re-estimate every BatchNorm's statistics on N training "
+                   "batches (needs the data; 0 = off)")
+
+
+def add_prune_flags(p: argparse.ArgumentParser, required: bool, recalibrate: int = 0) -> None:
+    g = p.add_argument_group("sparsity")
+    how = g.add_mutually_exclusive_group(required=required)
+    how.add_argument("--percent", type=fraction,
+                     help="fraction of prunable channels to remove, in [0, 1)")
+    how.add_argument("--threshold", type=nonneg_float, help="remove channels with |gamma| <= T")
+    how.add_argument("--target-flops", type=positive_float, metavar="R",
+                     help="prune to a FLOPs budget: a fraction in (0, 1) of the unpruned model's, "
+                     "or a count such as 2.5e8")
+    how.add_argument("--target-params", type=positive_float, metavar="R",
+                     help="prune to a parameter budget: a fraction in (0, 1) or a count")
+    add_shape_flags(g, recalibrate)
+
+
+def add_checkpoint_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", type=Path, required=True, help="a slimming checkpoint (or the "
+                   "paper's, with --arch)")
+
+
+def add_repeats_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repeats", type=_number(int, 0, True, "in [0, 10000]", high=10_001),
+                   default=10, help="timed runs per latency figure (0: no latency)")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="slimming", description="Network slimming for PyTorch: sparsity "
+                    "training, channel pruning and fine-tuning.")
+    parser.add_argument("--version", action="version", version=f"slimming {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    parser.commands = sub.choices  # name -> that subcommand's parser
+    for add in (add_train_command, add_prune_command, add_finetune_command, add_eval_command,
+                add_stats_command, add_sweep_command, add_export_command, add_report_command,
+                add_pipeline_command):  # one function per subcommand, in --help's order
+        add(sub)
+    return parser
+
+
+def add_train_command(sub) -> None:
+    p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
+    add_model_flags(p, "vgg", build=True)
+    add_training_flags(p, epochs=160)
+    p.set_defaults(func=commands.cmd_train)
+
+
+def add_prune_command(sub) -> None:
+    p = sub.add_parser("prune", help="cut low-|gamma| channels of a checkpoint")
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    add_prune_flags(p, required=True)
+    add_data_flags(p, None)  # read only for --recalibrate-bn
+    g = p.add_argument_group("output")
+    g.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_prune)
+
+
+def add_finetune_command(sub) -> None:
+    p = sub.add_parser("finetune", help="train a pruned checkpoint further (sparsity off)")
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    add_training_flags(p, epochs=160, dataset=None)
+    p.set_defaults(func=commands.cmd_finetune)
+
+
+def add_eval_command(sub) -> None:
+    p = sub.add_parser("eval", help="top-1 accuracy and loss of a checkpoint on a test split")
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    add_data_flags(p, None)
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_eval)
+
+
+def add_stats_command(sub) -> None:
+    p = sub.add_parser("stats", help="parameters, FLOPs, size and latency of a checkpoint")
+    add_checkpoint_flag(p)
+    p.add_argument("--compare", type=Path, help="a second checkpoint, shown side by side")
+    add_model_flags(p, None)
+    p.add_argument("--input-size", type=input_size, default=None, metavar="C,H,W",
+                   help="the input of one image (default: the size the model was trained at, "
+                   "else 3,32,32)")
+    add_repeats_flag(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_stats)
+
+
+def add_sweep_command(sub) -> None:
+    p = sub.add_parser("sweep", help="prune at many percents, evaluate each without fine-tuning")
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    g = p.add_argument_group("sparsity")
+    axis = g.add_mutually_exclusive_group()
+    axis.add_argument("--percents", default=None,
+                      help="start:stop:step or a comma list of fractions of channels to remove "
+                      "(default 0.1:0.9:0.1)")
+    axis.add_argument("--target-flops", default=None, metavar="LIST",
+                      help="sweep FLOPs budgets instead: fractions of the unpruned model's, e.g. "
+                      "0.3:0.9:0.1")
+    axis.add_argument("--target-params", default=None, metavar="LIST",
+                      help="sweep parameter budgets: fractions, e.g. 0.2,0.5")
+    add_shape_flags(g, recalibrate=50)
+    g = p.add_argument_group("output")
+    g.add_argument("--save", type=Path, required=True, metavar="DIR",
+                   help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
+    add_data_flags(p, None)
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_sweep)
+
+
+def add_export_command(sub) -> None:
+    p = sub.add_parser("export", help="TorchScript, ONNX or torch.export file, checked against PyTorch")
+    add_checkpoint_flag(p)
+    add_model_flags(p, None)
+    g = p.add_argument_group("output")
+    g.add_argument("--format", choices=("export", "torchscript", "onnx"), default="export",
+                   help="export: a torch.export program (.pt2), the path PyTorch recommends")
+    g.add_argument("--out", type=Path, required=True, metavar="FILE", help="the file to write")
+    g.add_argument("--input-size", type=input_size, default=None, metavar="C,H,W",
+                   help="the input of one image (default: the size the model was trained at, "
+                   "else 3,32,32)")
+    g.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
+    g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_export)
+
+
+def add_report_command(sub) -> None:
+    p = sub.add_parser("report", help="Markdown + JSON report (and PNG pictures) of a run folder")
+    p.add_argument("--run", type=Path, required=True, metavar="DIR", help="a pipeline's --save folder")
+    p.add_argument("--arch", type=arch_name, default=None,
+                   help="package.module:function, when the run's network is your own code")
+    add_repeats_flag(p)
+    add_device_flags(p)
+    p.set_defaults(func=commands.cmd_report)
+
+
+def add_pipeline_command(sub) -> None:
+    p = sub.add_parser("pipeline", help="sparsity training -> prune -> fine-tune -> report, resumable")
+    add_model_flags(p, "vgg", build=True)
+    add_training_flags(p, epochs=160)
+    add_prune_flags(p, required=True, recalibrate=50)
+    g = p.add_argument_group("training")
+    g.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")
+    g.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")
+    g.add_argument("--baseline", action="store_true",
+                   help="also train a no-sparsity baseline (baseline/) for the report")
+    g.add_argument("--iterations", type=positive_int, default=1, metavar="N",
+                   help="prune a share of the budget, fine-tune (--finetune-epochs each time), "
+                   "repeat: N times (the paper's multi-pass scheme)")
+    add_repeats_flag(p)
+    p.set_defaults(func=pipeline.run_pipeline)
+
+
+# --------------------------------------------------------------------------- config files
+
+def _config_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader without aliases (a config needs none, and ``*a`` repeated is the
+        "billion laughs" expansion) and with a nesting limit (a config is flat)."""
+
+        depth = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                raise yaml.YAMLError("aliases (*name) are not accepted in a config file")
+            self.depth += 1
+            try:
+                if self.depth > CONFIG_MAX_DEPTH:
+                    raise yaml.YAMLError(f"nested deeper than {CONFIG_MAX_DEPTH} levels")
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return yaml, Loader
+
+
+def read_config(path: str) -> dict:
+    """A ``--config`` file as {key: scalar or flat list of scalars}; SlimmingError otherwise."""
+    yaml, Loader = _config_loader()
+    try:
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        raise SlimmingError(f"--config {path}: cannot read it ({e.strerror})") from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise SlimmingError(f"--config {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB; a config "
+                            "holds a few flags")
+    try:
+        config = yaml.load(data.decode("utf-8"), Loader=Loader) or {}
+    except UnicodeDecodeError:
+        raise SlimmingError(f"--config {path}: not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        raise SlimmingError(f"--config {path}: cannot read it ({first_line(e)})") from None
+    if not isinstance(config, dict):
+        raise SlimmingError(f"--config {path}: expected a mapping of flag names to values")
+    scalar = (str, int, float, bool)
+    for key, value in config.items():
+        if not isinstance(key, str) or not (isinstance(value, scalar) or value is None or (
+                isinstance(value, list) and all(isinstance(v, scalar) for v in value))):
+            raise SlimmingError(f"--config {path}: key {str(key)[:40]!r} must map to a value or a "
+                                "flat list of values")
+    return config
+
+
+def apply_config(parser: Parser, argv: list[str]) -> None:
+    """``--config FILE.yaml``: its keys become the subcommand's defaults (``set_defaults``, as
+    timm does), so flags given on the command line override them. A key is a flag's name
+    (``lr``, ``label_smoothing``; a switch takes true or false); every value other than a switch's
+    is handed over as the text a command line would give, so argparse converts and checks it
+    with the flag's own type."""
+    first, _ = parser.parse_known_args(argv)
+    path = getattr(first, "config", None)
+    if path is None:
+        return
+    try:
+        config = read_config(str(path))
+    except SlimmingError as e:
+        parser.error(str(e))
+    sub, known = parser.commands[first.command], vars(first)
+    defaults = {}
+    for key, value in config.items():
+        dest = key.replace("-", "_")
+        if dest.startswith("no_") and isinstance(sub.get_default(dest[3:]), bool) and isinstance(value, bool):
+            dest, value = dest[3:], not value  # --no-compensate: true
+        if dest not in known or dest in ("config", "command", "func"):
+            parser.error(f"--config {path}: unknown key {key[:40]!r} for slimming {first.command}")
+        if isinstance(sub.get_default(dest), bool):
+            if not isinstance(value, bool):
+                parser.error(f"--config {path}: {key[:40]} is a switch: give true or false")
+            defaults[dest] = value
+        elif isinstance(value, bool):
+            parser.error(f"--config {path}: {key[:40]} takes a value, not {str(value).lower()}")
+        elif value is not None:
+            defaults[dest] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    sub.set_defaults(**defaults)
+
+
+# --------------------------------------------------------------------------- checks across flags
+
+def check_args(parser: Parser, args: argparse.Namespace) -> None:
+    """What no single flag's type can see: contradictions and flags that must fit each other."""
+    if hasattr(args, "cpu"):
+        try:
+            runs.device_for(args)
+        except SlimmingError as e:
+            parser.error(str(e))
+    external = models.external.is_external(getattr(args, "arch", None))
+    if args.command in ("train", "pipeline") and external:
+        if args.cfg is not None or args.depth is not None:
+            parser.error(f"--cfg and --depth are for the shipped families; {clip(args.arch)} takes its "
+                         "options through --model-kwargs")
+        try:
+            models.build(args.arch, empty=True, num_classes=args.num_classes, kwargs=args.model_kwargs)
+        except ValueError as e:
+            parser.error(f"--arch {clip(args.arch)}: {first_line(e)}")
+    elif args.command in ("train", "pipeline") and args.model_kwargs:
+        parser.error("--model-kwargs is for torchvision:/timm:/your own architectures; the "
+                     "shipped families take --depth and --cfg")
+    elif getattr(args, "cfg", None) is not None or (args.command in ("train", "pipeline")
+                                                     and args.depth is not None):
+        options = {} if args.depth is None or args.cfg is not None else {"depth": args.depth}
+        try:
+            models.build(args.arch, cfg=args.cfg, empty=True, **options)
+        except ValueError as e:
+            flag = "--cfg" if args.cfg is not None else "--depth"
+            parser.error(f"{flag} does not fit --arch {clip(args.arch)}: {first_line(e)}")
+    if getattr(args, "amp_dtype", None) and not args.amp:
+        parser.error("--amp-dtype only applies with --amp; add --amp")
+    if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:
+        parser.error("--sparsity-target steers a strength: give the starting one, e.g. --sparsity 1e-4")
+
+
+def out_of_memory(e: BaseException) -> str | None:
+    """One line for an allocation that failed (a MemoryError, the CPU allocator's "can't
+    allocate memory", CUDA's OutOfMemoryError): how much was asked for, when the allocator says,
+    and what to lower. None for any other error."""
+    if not is_out_of_memory(e):
+        return None
+    asked = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]iB)", str(e))
+    size = ""
+    if asked:
+        size = f" ({human_bytes(int(asked[1])) if asked[1] else asked[2]} asked for)"
+    return (f"out of memory{size}: lower --batch-size or the image size (--image-size, "
+            "--input-size), or use a smaller network")
+
+
+# the library's parameters whose flag is not the parameter's name with dashes
+FLAGS = {"root": "--data-root", "count": "--recalibrate-bn", "name": "--dataset"}
+
+
+def flag_of(param: str) -> str:
+    return FLAGS.get(param, "--" + param.replace("_", "-"))
+
+
+def in_flags(e: NamesParameters) -> str:
+    """``e``'s message with the flag written where it names a Python parameter (the first time
+    each, not inside a path or a quoted name): the library says ``target_flops``, the command
+    line ``--target-flops``."""
+    text = str(e)
+    for param in e.params:
+        flag = flag_of(param)
+        pattern = rf"(?<![\w'/.-]){re.escape(param)}(?![\w'/.-])"
+        text = re.sub(pattern, lambda _, flag=flag: flag, text, count=1)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    apply_config(parser, argv)
+    args = parser.parse_args(argv)
+    check_args(Parser(prog=f"slimming {args.command}", add_help=False), args)  # errors name the command
+    devices.new_command()
+    name = f"slimming {args.command}"
+    with handle_signals():
+        try:
+            args.func(args)
+        except SlimmingError as e:  # the user's mistake: one line, no traceback
+            print(f"{name}: error: {in_flags(e)}", file=sys.stderr)
+            return 2
+        except TrainingError as e:
+            print(f"{name}: error: {in_flags(e)}", file=sys.stderr)
+            return 1
+        except (MemoryError, RuntimeError) as e:  # RuntimeError: the allocators' failures
+            reason = out_of_memory(e)
+            if reason is None:
+                raise  # a bug: keep its traceback
+            print(f"{name}: error: {reason}", file=sys.stderr)
+            return 2
+        except OSError as e:  # a full disk, a folder removed under the run, ...
+            print(f"{name}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted", file=sys.stderr)
+            return 130
+        except SystemExit as e:
+            if isinstance(e.code, int) and e.code > 128:  # a signal, raised by handle_signals
+                print(f"{name}: stopped by signal {e.code - 128}", file=sys.stderr)
+            raise
+    return 0

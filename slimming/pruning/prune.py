@@ -1,0 +1,267 @@
+"""``slimming.prune``: which channels go together, which to cut, and how to cut them.
+
+"Which go together": for a registered family, each prunable BatchNorm alone (the paper's); for
+any other network, the groups of its traced channel graph (``graph``). "Which to cut" is
+architecture-free: one global threshold (``select``) or a budget (``budget``) over the scores of
+an importance criterion (``importance``; network slimming's |gamma| by default).
+
+"How": any other network is cut along its graph (``surgery``). A family is rebuilt as
+``Net(cfg)`` with the surviving widths (on the meta device) and filled with the kept weights by
+the surgery its class declares (``SURGERY``): ``"chain"`` (NIN, VGG) walks the old and new
+``modules()`` side by side with a ``start_mask`` (input channels) and an ``end_mask`` (output
+channels), as the paper's code does; ``"sliced"`` (the pre-activation ResNet and DenseNet, whose
+layers read shared tensors) cuts per BN exactly the weights the family lists
+(``channel_slices()``). The traced path on VGG and NIN gives the same channels and outputs as
+their surgery (tested): each checks the other. Then ``repair`` folds what the cut channels
+still gave into the layers that read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import models
+from ..errors import SlimmingError
+from ..models.common import BN_STATE
+from ..utils.modules import keep_slices, unwrap
+from . import budget, repair, surgery
+from .graph import Group, trace
+from .importance import DEFAULT, Importance, get_importance
+from .select import scaled_prunable_bns, select
+
+
+def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """A copy of ``t``, cut to ``mask`` along ``dim`` when there is one."""
+    return t.detach().clone() if mask is None else keep_slices(t, mask, dim)
+
+
+ModuleMasks = dict[str, dict[str, torch.Tensor]]  # conv/linear name -> {"in"/"out": keep-mask}
+
+
+def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> ModuleMasks:
+    """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
+
+    ``cfg_mask`` has one mask per BatchNorm2d of ``old`` in ``modules()`` order. For a chain
+    network (conv -> BN -> ... -> linear): a conv keeps input channels ``start_mask`` and output
+    channels ``end_mask``; a BN keeps ``end_mask``; a linear keeps input columns ``start_mask``.
+    Loading is strict, so a tensor this walk missed is an error, not uninitialised memory.
+    Returns each conv's and linear layer's kept input and output channels.
+    """
+    masks = iter(cfg_mask)
+    start_mask, end_mask = None, next(masks, None)
+    state, cut = {}, {}
+    for (name, m0), (_, m1) in zip(old.named_modules(), new.named_modules()):
+        if type(m0) is not type(m1):
+            raise ValueError(f"module {name!r}: {type(m0).__name__} vs {type(m1).__name__}")
+        prefix = f"{name}." if name else ""
+        if isinstance(m0, nn.BatchNorm2d):
+            for key in BN_STATE:
+                state[prefix + key] = _take(getattr(m0, key), 0, end_mask)
+            state[prefix + "num_batches_tracked"] = m0.num_batches_tracked.detach().clone()
+            start_mask, end_mask = end_mask, next(masks, None)
+        elif isinstance(m0, nn.Conv2d):
+            state[prefix + "weight"] = _take(_take(m0.weight, 1, start_mask), 0, end_mask)
+            if m0.bias is not None:
+                state[prefix + "bias"] = _take(m0.bias, 0, end_mask)
+            cut[name] = {k: v for k, v in (("in", start_mask), ("out", end_mask)) if v is not None}
+        elif isinstance(m0, nn.Linear):
+            state[prefix + "weight"] = _take(m0.weight, 1, start_mask)
+            if m0.bias is not None:
+                state[prefix + "bias"] = m0.bias.detach().clone()
+            cut[name] = {"in": start_mask} if start_mask is not None else {}
+    new.load_state_dict(state, assign=True)
+    return cut
+
+
+def copy_sliced_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> ModuleMasks:
+    """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
+
+    ``old.channel_slices()`` lists, per BatchNorm2d in ``modules()`` order (``cfg_mask``'s
+    order), the (state_dict key, dim) pairs whose extent along dim is that BN's channels; each
+    is cut to the mask's kept channels (a conv weight may be cut twice: its output channels by
+    one BN's mask, its input channels by another's). Every other tensor is copied whole. Strict
+    loading turns any tensor the plan left at a wrong shape into an error. Returns each conv's
+    and linear layer's kept input and output channels.
+    """
+    plan = old.channel_slices()
+    if len(plan) != len(cfg_mask):
+        raise ValueError(f"{len(cfg_mask)} masks for {len(plan)} BatchNorm layers")
+    cuts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for slices, mask in zip(plan, cfg_mask):
+        for key, dim in slices:
+            cuts.setdefault(key, []).append((dim, mask))
+    state = {}
+    for key, t in old.state_dict().items():
+        t = t.detach()
+        for dim, mask in cuts.pop(key, [(0, None)]):
+            if mask is not None and mask.numel() != t.shape[dim]:
+                raise ValueError(f"{key}: a mask of {mask.numel()} for {t.shape[dim]} channels (dim {dim})")
+            t = _take(t, dim, mask)
+        state[key] = t
+    if cuts:
+        raise ValueError(f"channel_slices() names tensors the model lacks: {', '.join(sorted(cuts))}")
+    new.load_state_dict(state, assign=True)
+    layers = {name for name, m in old.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    cut: ModuleMasks = {}
+    for slices, mask in zip(plan, cfg_mask):
+        for key, dim in slices:
+            name = key.rsplit(".", 1)[0]
+            if name in layers and key.endswith(".weight") and dim in (0, 1):
+                cut.setdefault(name, {})["out" if dim == 0 else "in"] = mask
+    return cut
+
+
+# How a family is cut once the masks are known ("how", apart from "which"), by the ``surgery``
+# its Net class declares (slimming.models.registry).
+SURGERY: dict[str, Callable[[nn.Module, nn.Module, list[torch.Tensor]], ModuleMasks]] = {
+    "chain": copy_chain_weights,
+    "sliced": copy_sliced_weights,
+}
+
+
+@dataclass
+class PruneResult:
+    """What ``prune`` returns: the smaller network and how it was cut from the original."""
+
+    model: nn.Module
+    cfg: list | dict  # a family's widths; for a traced network {BatchNorm name: width}
+    cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d of the original, modules() order
+    threshold: float | None  # largest score removed (percent) or the threshold given
+    layer_names: list[str]  # the original's BatchNorm2d names, in cfg_mask order
+    guarded: list[str] = field(default_factory=list)  # BNs the min_channels guard refilled
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # BN name -> keep-mask
+    layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
+    compensation: dict = field(default_factory=dict)  # what slimming.repair.compensate folded
+    budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
+
+    def __post_init__(self):
+        if not self.masks:
+            self.masks = dict(zip(self.layer_names, self.cfg_mask))
+
+    def layer_table(self) -> list[tuple[str, int, int]]:
+        """(BN layer name, channels before, channels after) for every BatchNorm2d."""
+        return [(n, m.numel(), int(m.sum())) for n, m in zip(self.layer_names, self.cfg_mask)]
+
+
+def default_example(model: nn.Module) -> torch.Tensor:
+    """One image of the size the model takes: its ``input_size`` (C, H, W) when it has one
+    (every family declares one; slimming's builders set one), else 3x224x224."""
+    size = getattr(model, "input_size", None) or (3, 224, 224)
+    return torch.zeros(1, *size, device=next(model.parameters()).device)
+
+
+def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
+          min_channels: int = 1, *, importance: Importance | str | None = None,
+          example_inputs: torch.Tensor | None = None, ignore: tuple[str, ...] = (),
+          surgery: str = "auto", target_flops: float | None = None,
+          target_params: float | None = None, round_to: int = 1, max_layer_prune: float = 1.0,
+          compensate: bool = True) -> PruneResult:
+    """Slim ``model``: cut its least important channels and build it thinner.
+
+    How many channels go, one of:
+    - ``percent``: a fraction of the prunable channels, exactly ``floor(percent * N)``;
+    - ``threshold``: every channel scoring at or under it;
+    - ``target_flops`` / ``target_params``: a budget, a fraction in (0, 1) of the unpruned
+      model's count or an absolute count (``2.5e8``): the fewest channels cut that bring the
+      network at or under it (``slimming.pruning.budget``).
+    Then ``min_channels``, ``max_layer_prune`` (the largest fraction any layer loses) and
+    ``round_to`` (every width a multiple of it, never above the original) may keep more.
+
+    ``importance`` scores channels: an ``Importance`` or the name of one (default ``"bn-max"``:
+    |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
+    pre-activation ResNet, DenseNet, yours) is cut by its own surgery, as the paper does; any
+    other network (or any, with ``surgery="graph"``) is traced on ``example_inputs`` (default: one image of
+    ``default_example``'s size) and cut along its channel graph, keeping whole the modules in
+    ``ignore``. ``compensate`` (default) folds the constant output a cut channel still had
+    (its activation of beta) into the layers that read it (``slimming.pruning.repair``); False
+    gives the paper's network exactly. The original model is left untouched; the new one is on the
+    same device and in the same train/eval mode.
+    """
+    model = unwrap(model)
+    importance = get_importance(importance) if isinstance(importance, str) else importance or DEFAULT
+    if surgery not in ("auto", "graph"):
+        raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}", param="surgery")
+    how = [percent is not None, threshold is not None, target_flops is not None,
+           target_params is not None]
+    if sum(how) != 1:
+        raise SlimmingError("give exactly one of percent, threshold, target_flops and target_params",
+                            param=("percent", "threshold", "target_flops", "target_params"))
+    example = default_example(model) if example_inputs is None else example_inputs
+    if surgery == "graph" or models.family(getattr(model, "arch", None)) is None:
+        plan = _traced_plan(model, importance, example, ignore)
+    else:
+        plan = _family_plan(model, importance)
+    limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
+    if target_flops is not None or target_params is not None:
+        result = budget.search(model, plan, example, target_flops, target_params, limits)
+    else:
+        masks, threshold, guarded = select(plan.scores, percent, threshold, **limits)
+        result = plan.build(masks, threshold, guarded)
+    if compensate:
+        result.compensation = repair.compensate(model, result, example)
+    return result
+
+
+def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
+
+
+@dataclass
+class Plan:
+    """A model's channel groups, scored (``scores``, one vector per group), and ``build``: the
+    pruned network for keep-masks of those groups (with the threshold and the guarded groups'
+    indices, which it only records)."""
+
+    scores: list[torch.Tensor]
+    build: Callable[[list[torch.Tensor], float | None, list[int]], PruneResult]
+
+
+def _family_plan(model: nn.Module, importance: Importance) -> Plan:
+    """The paper's way: one group per prunable BN, rebuilt as ``Net(cfg)`` on the meta device."""
+    prunable = scaled_prunable_bns(model)
+    bns = _bn_names(model)
+    names = {id(bn): name for name, bn in model.named_modules()}
+    scores = [importance(model, Group(bn.num_features, [], [(names[id(bn)], 0, 0, bn.num_features)]))
+              for bn in prunable]
+
+    def build(masks, threshold, guarded) -> PruneResult:
+        by_layer = {id(bn): m for bn, m in zip(prunable, masks)}
+        cfg_mask = [by_layer.get(id(bn), torch.ones(bn.num_features, dtype=torch.bool)) for _, bn in bns]
+        cfg = model.pruned_cfg([int(m.sum()) for m in masks])
+        new = models.build(model.arch, cfg=cfg, empty=True, **model.options)
+        layers = SURGERY[models.family(model.arch).surgery](model, new, cfg_mask)
+        new.train(model.training)
+        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+                           [names[id(prunable[i])] for i in guarded], layers=layers)
+
+    return Plan(scores, build)
+
+
+def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor, ignore) -> Plan:
+    """Any network: trace its channel graph once, score each prunable group; ``build`` cuts a
+    copy along the graph."""
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
+                            "slimming scores channels by their BatchNorm scale factors)")
+    graph = trace(model, example, tuple(ignore))
+    groups = [g for g in graph.groups() if g.prunable]
+    bns = _bn_names(model)
+
+    def build(masks, threshold, guarded) -> PruneResult:
+        roots = {graph.find(g.spaces[0]): m for g, m in zip(groups, masks)}
+        plan = surgery.plan(graph, roots)
+        new = surgery.cut(model, plan)
+        cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
+                    for name, bn in bns]
+        cfg = {name: int(m.sum()) for (name, _), m in zip(bns, cfg_mask)}
+        new.cfg = cfg
+        layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
+                  if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
+        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+                           [groups[i].bns[0][0] for i in guarded], layers=layers)
+
+    return Plan([importance(model, g).float().cpu() for g in groups], build)

@@ -1,0 +1,107 @@
+"""Which channels to cut: keep-masks from channel scores by one global threshold (a percent of
+all channels, or a threshold), with per-layer limits that can only keep more (``min_channels``,
+``max_layer_prune``, ``round_to``)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..errors import SlimmingError
+from ..utils.modules import unwrap
+
+
+def scaled_prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
+    """``prunable_bns(model)``, each with a scale to rank channels by; SlimmingError if there is
+    none (or one without: affine=False)."""
+    bns = prunable_bns(model)
+    if not bns or any(bn.weight is None for bn in bns):
+        raise SlimmingError("the model has no prunable BatchNorm2d layer with a scale (affine=True): "
+                            "there is nothing to slim")
+    return bns
+
+
+def prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
+    """The BatchNorm layers whose channels may be cut: the model's own list, else every BN2d
+    (SyncBatchNorm included)."""
+    model = unwrap(model)
+    if hasattr(model, "prunable_bns"):
+        return model.prunable_bns()
+    return [m for m in model.modules() if isinstance(m, (nn.BatchNorm2d, nn.SyncBatchNorm))]
+
+
+def channel_masks(model: nn.Module, percent: float | None = None, threshold: float | None = None,
+                  min_channels: int = 1) -> tuple[list[torch.Tensor], float | None]:
+    """One boolean keep-mask per prunable BN (in ``prunable_bns`` order), and the threshold,
+    by |gamma| (see ``select``). Raises SlimmingError for arguments out of range and for
+    gammas that are not finite."""
+    bns = scaled_prunable_bns(model)
+    masks, threshold, _ = select([bn.weight.detach().abs().float().cpu() for bn in bns], percent,
+                                 threshold, min_channels)
+    return masks, threshold
+
+
+def select(scores: list[torch.Tensor], percent: float | None, threshold: float | None,
+           min_channels: int = 1, round_to: int = 1,
+           max_layer_prune: float = 1.0) -> tuple[list[torch.Tensor], float | None, list[int]]:
+    """Keep-masks for score vectors (one per group of channels cut together), the threshold,
+    and the indices of the groups the ``min_channels`` guard refilled.
+
+    ``percent=p`` ranks all N channels by score and removes exactly ``floor(p * N)`` of them,
+    the lowest (ties broken by group order); the returned threshold is the largest score
+    removed (None when none is). ``threshold=t`` removes every channel scoring <= t. Then, per
+    group of n channels, the best-scoring channels come back until the group keeps at least
+    ``min_channels`` (or all n, if it has fewer: no layer is ever emptied), at least
+    ``(1 - max_layer_prune) * n`` (rounded up: no layer loses more than that fraction), and a
+    multiple of ``round_to`` (never more than n): so these three can only keep more channels
+    than the percent or threshold alone.
+    """
+    if (percent is None) == (threshold is None):
+        raise SlimmingError("give exactly one of percent and threshold", param=("percent", "threshold"))
+    if percent is not None and not (0 <= percent < 1):
+        raise SlimmingError(f"percent must be in [0, 1), got {percent}", param="percent")
+    if threshold is not None and not (0 <= threshold < math.inf):
+        raise SlimmingError(f"threshold must be >= 0 and finite, got {threshold}", param="threshold")
+    if min_channels < 1:
+        raise SlimmingError(f"min_channels must be >= 1, got {min_channels}", param="min_channels")
+    if not isinstance(round_to, int) or round_to < 1:
+        raise SlimmingError(f"round_to must be a positive integer, got {round_to}", param="round_to")
+    if not 0 < max_layer_prune <= 1:
+        raise SlimmingError(f"max_layer_prune must be in (0, 1], got {max_layer_prune}",
+                            param="max_layer_prune")
+    if not scores:
+        raise SlimmingError("no channel group of this model can be pruned (see slimming.pruning.graph for "
+                            "what keeps a group whole): there is nothing to slim")
+    allg = torch.cat(scores)
+    if not torch.isfinite(allg).all():
+        bad = [i for i, g in enumerate(scores) if not torch.isfinite(g).all()]
+        raise SlimmingError(f"{len(bad)} layer(s) have non-finite scores (nan/inf gammas), the "
+                            f"first is number {bad[0]} of {len(scores)}: the model diverged; prune a "
+                            "checkpoint from before (e.g. best.pth)")
+    if percent is not None:
+        k = math.floor(percent * allg.numel() + 1e-9)
+        order = torch.argsort(allg, stable=True)
+        keep = torch.ones_like(allg, dtype=torch.bool)
+        keep[order[:k]] = False
+        threshold = allg[order[k - 1]].item() if k else None
+    else:
+        keep = allg > threshold
+        if not keep.any():
+            raise SlimmingError(f"threshold {threshold:g} is at or above every |gamma| (the largest "
+                                f"is {allg.max().item():.4g}): it would prune every channel")
+    masks = list(keep.split([g.numel() for g in scores]))
+    guarded = []
+    for i, (g, m) in enumerate(zip(scores, masks)):
+        n, kept = g.numel(), int(m.sum())
+        guard = min(min_channels, n)
+        want = max(kept, guard, math.ceil((1 - max_layer_prune) * n - 1e-9))
+        want = min(n, -(-want // round_to) * round_to)
+        if kept < guard:
+            guarded.append(i)
+        if want > kept:  # the best channels back, those the cut kept first among them
+            order = torch.argsort(g + m.float() * (g.max() + 1), descending=True, stable=True)
+            masks[i] = torch.zeros_like(m)
+            masks[i][order[:want]] = True
+    return masks, threshold, guarded

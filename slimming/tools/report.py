@@ -1,0 +1,274 @@
+"""``slimming report --run DIR``: what pruning bought, as Markdown + JSON (+ PNG pictures).
+
+A run folder is what ``slimming pipeline`` writes: ``baseline/`` (optional, no sparsity),
+``sparse/`` (sparsity training), ``pruned/pruned.pth`` (+ ``eval.json``, the accuracy right
+after pruning) and ``finetuned/``. Stages that are missing are left out of the report.
+
+What is read is checked, and bounded, before it is used:
+
+- ``*/metrics.jsonl`` (at most ``MAX_METRICS_BYTES``): a row is used only when it is a JSON
+  object on one UTF-8 line with an integer ``epoch`` in [0, ``MAX_EPOCH``] and finite numbers
+  for ``test_acc`` and ``train_loss`` (the plotted keys); other rows are skipped and counted
+  (``report["skipped_rows"]``). Of two rows for one epoch (a resumed run redoes an epoch) the
+  later one is kept. Of a used row, only the known keys holding finite numbers are kept.
+- ``pruned/eval.json`` (at most ``MAX_EVAL_BYTES``) must be a JSON object whose ``acc`` is a
+  number in [0, 100], and the pruned checkpoint's ``cfg_mask`` a list of 1-d bool tensors, one
+  per BatchNorm2d of its network, each keeping as many channels as that layer has; otherwise
+  SlimmingError, one line naming the file.
+- A checkpoint's ``acc``/``best_acc``, ``epoch``, ``threshold`` and ``percent`` that are not
+  finite numbers (integers for ``epoch``) are reported as not recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import stat
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import SlimmingError, clip
+from ..io.checkpoint import load_checkpoint, model_from_checkpoint
+from ..measure.stats import input_size_of, model_stats
+from ..models import describe_cfg
+from ..pruning.select import prunable_bns
+from ..utils.files import write_text
+from . import plots
+
+MAX_METRICS_BYTES = 8 * 2**20  # a 160-epoch log is about 40 KB
+MAX_EVAL_BYTES = 2**20  # eval.json is about 60 bytes
+MAX_EPOCH = 1_000_000
+PLOTTED = ("test_acc", "train_loss")
+KNOWN = ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "gamma_lt_1e-2", "amp_skipped",
+         "seconds")
+STAGES = BASELINE, SPARSE, PRUNED, FINETUNED = ("baseline", "sparse", "pruned", "finetuned")  # folders
+TRAINED = (BASELINE, SPARSE, FINETUNED)  # the stages with a metrics.jsonl
+
+
+def _number(v) -> float | None:
+    """``v`` as a finite float, or None when it is not a finite int/float (bools excluded)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:  # an int too large for a float
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _read_small(path: Path, limit: int, fix: str) -> bytes:
+    """The bytes of the regular file ``path``, refusing (one line) anything over ``limit``."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise SlimmingError(f"{path}: not a regular file; {fix}")
+        if st.st_size > limit:
+            raise SlimmingError(f"{path}: {st.st_size:,} bytes, more than the {limit:,} this "
+                                f"file can hold; not reading it: {fix}")
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise SlimmingError(f"{path}: cannot read it ({e.strerror or e}); {fix}") from None
+    if len(data) > limit:  # grew after stat()
+        raise SlimmingError(f"{path}: more than the {limit:,} bytes this file can hold; not "
+                            f"reading it: {fix}")
+    return data
+
+
+def _json(data: bytes):
+    """Parsed JSON, or ValueError for anything that is not (bad UTF-8, too deeply nested)."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _read_metrics(path: Path) -> tuple[list[dict], int]:
+    """(usable rows sorted by epoch, number of rows skipped): the rule in the module docstring."""
+    data = _read_small(path, MAX_METRICS_BYTES, "it is not a metrics log of slimming train; "
+                       "move it away to report without it")
+    by_epoch: dict[int, dict] = {}
+    skipped = 0
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            row = _json(line)
+        except ValueError:
+            skipped += 1
+            continue
+        epoch = row.get("epoch") if isinstance(row, dict) else None
+        if (not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH
+                or any(_number(row.get(k)) is None for k in PLOTTED)):
+            skipped += 1
+            continue
+        kept = {k: _number(row.get(k)) for k in KNOWN}
+        by_epoch[epoch] = {"epoch": epoch, **{k: v for k, v in kept.items() if v is not None}}
+    return [by_epoch[e] for e in sorted(by_epoch)], skipped
+
+
+def _read_eval(path: Path) -> float:
+    """The accuracy (%) in ``pruned/eval.json``; SlimmingError naming the file otherwise."""
+    fix = "delete it and rerun slimming pipeline, which evaluates the pruned network again"
+    data = _read_small(path, MAX_EVAL_BYTES, fix)
+    try:
+        obj = _json(data)
+    except ValueError:
+        raise SlimmingError(f"{path}: not valid JSON; {fix}") from None
+    if not isinstance(obj, dict):
+        raise SlimmingError(f"{path}: not a JSON object with an 'acc'; {fix}")
+    acc = _number(obj.get("acc"))
+    if acc is None or not 0 <= acc <= 100:
+        raise SlimmingError(f"{path}: 'acc' must be a number in [0, 100] (top-1 %), got "
+                            f"{clip(obj.get('acc'), 40)}; {fix}")
+    return acc
+
+
+def _layers(masks, model: nn.Module, path: Path) -> list[tuple[str, int, int]]:
+    """(BN layer name, channels before, after) from a pruned checkpoint's ``cfg_mask``."""
+    fix = "prune again (slimming prune, or delete it and rerun slimming pipeline)"
+    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    if not isinstance(masks, (list, tuple)):
+        raise SlimmingError(f"{path}: cfg_mask is a {type(masks).__name__}, not a list of bool "
+                            f"masks; {fix}")
+    if len(masks) != len(bns):
+        raise SlimmingError(f"{path}: cfg_mask has {len(masks)} masks for the {len(bns)} "
+                            f"BatchNorm layers of its network; {fix}")
+    layers = []
+    for i, (mask, (name, bn)) in enumerate(zip(masks, bns)):
+        if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 1
+                or mask.layout != torch.strided):
+            raise SlimmingError(f"{path}: cfg_mask[{i}] is not a 1-d bool tensor; {fix}")
+        kept = int(mask.sum())
+        if kept != bn.num_features:
+            raise SlimmingError(f"{path}: cfg_mask[{i}] keeps {kept} channels but layer {name} "
+                                f"has {bn.num_features}; {fix}")
+        layers.append((name, int(mask.numel()), kept))
+    return layers
+
+
+def _stage_checkpoint(folder: Path) -> Path | None:
+    for name in ("best.pth", "last.pth", "pruned.pth"):
+        if (folder / name).exists():
+            return folder / name
+    return None
+
+
+def build_report(run: str | Path, latency_repeats: int = 10,
+                 device: str | torch.device = "cpu", arch: str | None = None) -> dict:
+    """Gather the figures of a run folder: per stage accuracy, parameters, FLOPs, latency on
+    ``device`` (batch 1 and 64), the per-layer channels kept, the gammas and the training curves.
+    Bad input raises SlimmingError with one line naming the file (see the module docstring)."""
+    run = Path(run)
+    if not run.is_dir():
+        raise SlimmingError(f"{run}: no such run folder (--run takes the --save folder of "
+                            "slimming pipeline)")
+    stages: dict[str, dict] = {}
+    models: dict[str, nn.Module] = {}
+    report: dict = {"run": str(run), "stages": stages, "layers": [], "threshold": None,
+                    "percent": None, "device": str(device)}
+    for name in STAGES:
+        path = _stage_checkpoint(run / name)
+        if path is None:
+            continue
+        ckpt = load_checkpoint(path, arch=arch)  # arch: a network of your own code, named
+        model = model_from_checkpoint(ckpt, path).eval()
+        models[name] = model
+        acc = _number(ckpt.get("best_acc", ckpt.get("acc")))
+        if name == "pruned":
+            done = run / name / "eval.json"
+            acc = _read_eval(done) if done.exists() else None
+            report["threshold"] = _number(ckpt.get("threshold"))
+            report["percent"] = _number(ckpt.get("percent"))
+            if ckpt.get("cfg_mask") is not None:
+                report["layers"] = _layers(ckpt["cfg_mask"], model, path)
+        epochs = ckpt.get("epoch")
+        if not isinstance(epochs, int) or isinstance(epochs, bool) or not 0 <= epochs <= MAX_EPOCH:
+            epochs = None
+        size = input_size_of(model)  # what it was trained at
+        stats = model_stats(model.to(device), size, repeats=latency_repeats)
+        model.cpu()
+        stages[name] = {"checkpoint": str(path), "acc": acc, "epochs": epochs,
+                        "cfg": model.cfg, **stats}
+    if not stages:
+        raise SlimmingError(f"{run}: holds no stage folder with a checkpoint (baseline/, sparse/, "
+                            "pruned/, finetuned/)")
+    report["curves"], report["skipped_rows"] = {}, {}
+    for name in TRAINED:
+        path = run / name / "metrics.jsonl"
+        if path.exists() or path.is_symlink():
+            rows, skipped = _read_metrics(path)
+            report["curves"][name] = rows
+            if skipped:
+                report["skipped_rows"][name] = skipped
+    sparse_rows = report["curves"].get(SPARSE)
+    report["prune_epoch"] = (sparse_rows[-1]["epoch"] if sparse_rows
+                             else stages.get(SPARSE, {}).get("epochs"))
+    report["gammas"] = {name: torch.cat([bn.weight.detach().abs().flatten()
+                                         for bn in prunable_bns(models[name])])
+                        for name in (SPARSE, BASELINE)
+                        if name in models and prunable_bns(models[name])}
+    return report
+
+
+def _ratio(a, b) -> str:
+    return f"{b / a:.3f}x" if a else "-"
+
+
+def write_report(report: dict, run: str | Path) -> list[Path]:
+    """report.md, report.json and (with matplotlib) gammas.png, channels.png, curves.png, each
+    written atomically (slimming.utils.files: a symlink planted at a target is replaced, not followed)."""
+    run = Path(run)
+    stages = report["stages"]
+    pictures: list[str] = []
+    if plots.available():
+        if report["gammas"]:
+            plots.gamma_histogram(report["gammas"], report["threshold"], run / "gammas.png")
+            pictures.append("gammas.png")
+        if report["layers"]:
+            plots.channels_kept(report["layers"], run / "channels.png")
+            pictures.append("channels.png")
+        if any(report["curves"].values()):
+            pruned = stages.get("pruned")
+            plots.training_curves(report["curves"], run / "curves.png",
+                                  prune_epoch=report.get("prune_epoch") if pruned else None,
+                                  pruned_acc=pruned["acc"] if pruned else None)
+            pictures.append("curves.png")
+    md = [f"# Slimming report: {run}", ""]
+    md += ["| stage | top-1 | parameters | FLOPs | latency b1 | latency b64 | cfg |",
+           "|---|---|---|---|---|---|---|"]
+    for name, s in stages.items():
+        acc = "not measured" if s["acc"] is None else f"{s['acc']:.2f}%"
+        lat = s["latency_ms"]
+        md.append(f"| {name} | {acc} | {s['params'] / 1e6:.3f}M | {s['flops']:.3e} | "
+                  f"{lat.get(1, float('nan')):.2f} ms | {lat.get(64, float('nan')):.2f} ms | "
+                  f"`{describe_cfg(s['cfg'])}` |")
+    before = stages.get(SPARSE) or stages.get(BASELINE)
+    after = stages.get("finetuned") or stages.get("pruned")
+    if before and after and before is not after:
+        md += ["", f"After / before: parameters {_ratio(before['params'], after['params'])}, "
+               f"FLOPs {_ratio(before['flops'], after['flops'])}, latency batch 1 "
+               f"{_ratio(before['latency_ms'].get(1), after['latency_ms'].get(1))}, batch 64 "
+               f"{_ratio(before['latency_ms'].get(64), after['latency_ms'].get(64))} "
+               f"(on {report.get('device', 'cpu')}, median of repeated runs)."]
+    if report["layers"]:
+        thr = report["threshold"]
+        md += ["", f"Pruned {report['percent'] if report['percent'] is not None else '-'} of "
+               f"channels; |gamma| threshold {thr if thr is None else f'{thr:.4g}'}.", "",
+               "| layer | channels before | after |", "|---|---|---|"]
+        md += [f"| {n} | {b} | {a} |" for n, b, a in report["layers"]]
+    for name, n in report.get("skipped_rows", {}).items():
+        md += ["", f"{name}/metrics.jsonl: {n} row(s) skipped (not a JSON object with an integer "
+               "epoch and finite test_acc and train_loss)."]
+    md += [""]
+    if pictures:
+        md += [f"![{p[:-4]}]({p})" for p in pictures]
+    else:
+        md += [f"No pictures: {plots.MISSING}." if not plots.available() else "No pictures."]
+    write_text(run / "report.md", "\n".join(md) + "\n")
+    data = {k: v for k, v in report.items() if k != "gammas"}
+    data["pictures"] = pictures
+    write_text(run / "report.json", json.dumps(data, indent=1, default=str))
+    return [run / "report.md", run / "report.json", *(run / p for p in pictures)]

@@ -1,0 +1,158 @@
+"""Prune at many percents in memory and evaluate each without fine-tuning, so that a user can
+pick a percent before spending a fine-tune."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import SlimmingError
+from ..measure.stats import DEFAULT_INPUT_SIZE, count_flops, count_params
+from ..pruning.prune import prune
+from ..training.engine import evaluate
+from ..utils.files import write_text
+from . import plots
+
+MAX_POINTS = 100  # each point prunes and evaluates the whole network
+FIELDS = ("percent", "threshold", "params", "params_kept", "flops", "flops_kept", "acc", "loss",
+          "reference")
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+def parse_percents(text: str, name: str = "--percents") -> list[float]:
+    """``"0.1:0.9:0.1"`` (start:stop:step, stop included) or ``"0.5,0.7"`` -> sorted percents
+    without duplicates, each in [0, 1), at most ``MAX_POINTS`` of them. Anything else raises
+    SlimmingError (one line) naming the flag ``name``; a range's size is computed before any
+    list is built."""
+    flag = f"{name} {_shown(str(text))}"
+    usage = (f"{flag}: use start:stop:step (e.g. 0.1:0.9:0.1) or a comma list "
+             "(e.g. 0.5,0.7) of fractions of channels to remove")
+    text = str(text).strip()
+    try:
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) != 3:
+                raise ValueError
+            start, stop, step = (float(v) for v in parts)
+            numbers = [start, stop, step]
+        else:
+            numbers = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise SlimmingError(usage) from None
+    if not all(math.isfinite(v) for v in numbers):
+        raise SlimmingError(f"{flag}: nan and inf are not percents; every percent must be in [0, 1)")
+    if ":" in text:
+        if not 0 <= start < 1:
+            raise SlimmingError(f"{flag}: the start must be in [0, 1), got {start:g}")
+        if step <= 0:
+            raise SlimmingError(f"{flag}: the step must be > 0, got {step:g}")
+        if stop < start:
+            raise SlimmingError(f"{flag}: the stop ({stop:g}) is below the start ({start:g}): "
+                                "no point to sweep")
+        span = (stop - start) / step  # finite: all three are finite and step > 0 (or inf: huge)
+        if not math.isfinite(span) or span + 1 > MAX_POINTS + 1e-6:
+            raise SlimmingError(f"{flag}: {_count(span + 1)} points; at most {MAX_POINTS} per "
+                                "sweep (each prunes and evaluates the network): use a larger step")
+        n = math.floor(span + 1e-9) + 1
+        values = [round(start + i * step, 10) for i in range(n)]
+    else:
+        values = numbers
+    if any(not 0 <= v < 1 for v in values):
+        bad = next(v for v in values if not 0 <= v < 1)
+        what = ("percent must be in [0, 1) (the fraction of channels removed)" if name == "--percents"
+                else "budget must be a fraction in (0, 1) of the unpruned model's count")
+        raise SlimmingError(f"{flag}: every {what}, got {bad:g}")
+    values = sorted(set(values))
+    if len(values) > MAX_POINTS:
+        raise SlimmingError(f"{flag}: {len(values)} points; at most {MAX_POINTS} per sweep (each "
+                            "prunes and evaluates the network)")
+    return values
+
+
+def _count(n: float) -> str:
+    return f"{n:.3g}" if math.isfinite(n) else "too many"
+
+
+def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percents: list[float],
+          min_channels: int = 1, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE, *,
+          axis: str = "percent", options: dict | None = None, repair=None) -> list[dict]:
+    """Rows of ``FIELDS``. The first row is the unpruned network, evaluated once: percent 0.0,
+    threshold None, everything kept, ``"reference": True``. Then one row per point above 0
+    (percent 0 removes nothing: it is the reference row), in increasing order: the |gamma|
+    threshold, params, FLOPs, their fractions kept, and the test accuracy (%) and loss of the
+    pruned network, before any fine-tuning (``"reference": False``).
+
+    ``axis``: "percent" (the points are fractions of channels removed), "flops" or "params"
+    (the points are budgets, fractions of the unpruned count: each row also has ``target``,
+    and ``percent`` is then the fraction of channels the budget removed). ``options``: more
+    keywords for ``slimming.prune`` (round_to, max_layer_prune, compensate). ``repair``: called
+    on each pruned network before it is evaluated (e.g. BatchNorm recalibration)."""
+    params0, flops0 = count_params(model), count_flops(model, input_size)
+    m = evaluate(model.to(device), test_loader, device)
+    rows = [{"percent": 0.0, "threshold": None, "params": params0, "params_kept": 1.0,
+             "flops": flops0, "flops_kept": 1.0, "acc": m["acc"], "loss": m["loss"],
+             "reference": True}]
+    keyword = {"percent": "percent", "flops": "target_flops", "params": "target_params"}[axis]
+    for p in sorted(set(percents)):
+        if p == 0:
+            continue
+        result = prune(model, **{keyword: p}, min_channels=min_channels, **(options or {}))
+        if repair is not None:
+            repair(result.model)
+        m = evaluate(result.model.to(device), test_loader, device)
+        params, flops = count_params(result.model), count_flops(result.model, input_size)
+        cut = sum(int((~k).sum()) for k in result.cfg_mask) / sum(k.numel() for k in result.cfg_mask)
+        row = {"percent": p if axis == "percent" else round(cut, 4), "threshold": result.threshold,
+               "params": params, "params_kept": params / params0, "flops": flops,
+               "flops_kept": flops / flops0, "acc": m["acc"], "loss": m["loss"], "reference": False}
+        if axis != "percent":
+            row["target"] = p
+        rows.append(row)
+    return rows
+
+
+def _csv(rows: list[dict]) -> str:
+    fields = list(dict.fromkeys([*FIELDS, *(k for r in rows for k in r)]))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: ("" if v is None else str(v).lower() if isinstance(v, bool) else v)
+                         for k, v in r.items()})
+    return buf.getvalue()
+
+
+def _markdown(rows: list[dict]) -> str:
+    lines = ["| percent removed | params | params kept | FLOPs | FLOPs kept | top-1 (no fine-tune) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        percent = "0 (unpruned)" if r.get("reference") else f"{r['percent']:g}"
+        lines.append(f"| {percent} | {r['params'] / 1e6:.3f}M | {100 * r['params_kept']:.1f}% | "
+                     f"{r['flops']:.3e} | {100 * r['flops_kept']:.1f}% | {r['acc']:.2f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(rows: list[dict], save: str | os.PathLike) -> list[Path]:
+    """sweep.csv, sweep.json, sweep.md and (with matplotlib) sweep.png in ``save``, each
+    written atomically (slimming.utils.files)."""
+    save = Path(save)
+    save.mkdir(parents=True, exist_ok=True)
+    write_text(save / "sweep.csv", _csv(rows))
+    write_text(save / "sweep.json", json.dumps(rows, indent=1))
+    write_text(save / "sweep.md", _markdown(rows))
+    written = [save / "sweep.csv", save / "sweep.json", save / "sweep.md"]
+    if plots.available():
+        plots.sweep_curves(rows, save / "sweep.png")
+        written.append(save / "sweep.png")
+    return written

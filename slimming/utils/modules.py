@@ -1,0 +1,34 @@
+"""Small helpers on ``nn.Module`` and tensors that pruning, checkpoints and training share."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The network inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def keep_slices(t: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tensor:
+    """The slices of ``t`` along ``dim`` that the bool ``mask`` keeps, in new memory
+    (``index_select`` copies)."""
+    return t.detach().index_select(dim, mask.nonzero().squeeze(1).to(t.device))
+
+
+def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: bool) -> None:
+    """Replace ``m.name`` by ``value`` (a Parameter keeping the old one's requires_grad when
+    ``parameter``); nothing when ``value`` is None."""
+    if value is None:
+        return
+    if parameter:
+        setattr(m, name, nn.Parameter(value, requires_grad=getattr(m, name).requires_grad))
+    else:
+        setattr(m, name, value)

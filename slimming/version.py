@@ -1,0 +1,3 @@
+"""The version of slimming (one place: setup.py reads it too)."""
+
+__version__ = "0.2.0"
