@@ -1,4 +1,4 @@
-"""Pack an image folder of JPEGs into one file that travels (``slimming.packed``):
+"""Pack an image folder of JPEGs into one file that travels (``slimming.data.packed``):
 
     python benchmarks/pack_images.py ../shared/data/cifar10-jpeg gpu-data/cifar10.pack
 

@@ -38,8 +38,8 @@ def test_every_step_runs_and_reports(smoke):
     assert {k: s["status"] for k, s in steps.items()} == dict.fromkeys(steps, "ok"), \
         {k: s.get("log_tail") for k, s in steps.items()}
     assert all(0 < s["seconds"] <= s["budget_s"] for s in steps.values())
-    assert results["data"]["kind"] in ("pack", "folder (slimming.packed not available: the folder itself "
-                                                "is the data)")
+    assert results["data"]["kind"] in ("pack", "folder (slimming.data.packed not available: the folder "
+                                                "itself is the data)")
     counts = steps["correctness"]["counts"]
     if not torch.cuda.is_available():  # every CUDA test collected, and skipped
         assert counts.get("skipped", 0) >= 10 and not counts.get("passed") and not counts.get("failed")

@@ -1,4 +1,4 @@
-"""Pruning any CNN through its traced channel graph (slimming.graph, slimming.surgery).
+"""Pruning any CNN through its traced channel graph (slimming.pruning.graph, slimming.pruning.surgery).
 
 The core property, for every supported model: the pruned network's outputs equal the
 original's with, for every pruned channel, gamma and beta zeroed in every BatchNorm of its

@@ -1,4 +1,4 @@
-"""Image packs (slimming.packed): one file holding an image folder's JPEG bytes, read by the fast
+"""Image packs (slimming.data.packed): one file holding an image folder's JPEG bytes, read by the fast
 loader. A pack gives exactly the folder's pixels on the CPU, ImageFolder's classes and order, the
 folder's mean and std; a hostile pack is one DataError line, refused before anything is allocated
 beyond the file's size. Tiny JPEG folders made here; no ../shared."""

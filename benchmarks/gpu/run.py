@@ -436,7 +436,7 @@ def tiny_data(work: Path) -> tuple[Path, str]:
     try:
         from slimming.data.packed import pack_folder
     except ImportError:
-        return root, "folder (slimming.packed not available: the folder itself is the data)"
+        return root, "folder (slimming.data.packed not available: the folder itself is the data)"
     pack_folder(root, work / "tiny.pack")
     return work / "tiny.pack", "pack"
 
