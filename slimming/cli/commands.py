@@ -46,11 +46,13 @@ from ..training.runs import (
     read_checkpoint,
 )
 from ..training.sparsity import SPARSE_BOUND
-from ..training.train import load_init, train
+from ..training.train import MakeModel, load_init, train
 
 # --------------------------------------------------------------------------- train, finetune
 
-def cmd_train(args) -> None:
+def new_model(args) -> MakeModel:
+    """How ``train`` makes the network the flags describe (``--arch``, ``--cfg``/``--depth`` or
+    ``--model-kwargs``, ``--init``), once the data says its number of classes."""
     def make_model(num_classes: int, device: torch.device, data: dict):
         if args.num_classes is not None and args.num_classes != num_classes:
             raise SlimmingError(f"--num-classes {args.num_classes}, but the dataset has "
@@ -71,21 +73,30 @@ def cmd_train(args) -> None:
             load_init(model, args.init)
         return model, {}
 
-    train(TrainConfig.from_args(args), make_model, native=native_size(args.arch), record=plain_args(args))
+    return make_model
+
+
+def checkpoint_model(ckpt: dict, path, model: nn.Module) -> MakeModel:
+    """How ``finetune`` starts: the network of checkpoint ``ckpt`` (read from ``path``), which
+    the data must fit, carrying its masks and where it came from."""
+    def make_model(num_classes: int, device: torch.device, data: dict):
+        check_classes(ckpt, path, num_classes)
+        source = {"path": str(path), "acc": ckpt.get("acc"), "source_acc": ckpt.get("source_acc")}
+        return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source}
+
+    return make_model
+
+
+def cmd_train(args) -> None:
+    train(TrainConfig.from_args(args), new_model(args), native=native_size(args.arch),
+          record=plain_args(args))
 
 
 def cmd_finetune(args) -> None:
     ckpt, model = read_checkpoint(args, args.checkpoint)  # on the CPU; the run moves it
     default_data(args, ckpt)
-
-    def make_model(num_classes: int, device: torch.device, data: dict):
-        check_classes(ckpt, args.checkpoint, num_classes)
-        source = {"path": str(args.checkpoint), "acc": ckpt.get("acc"),
-                  "source_acc": ckpt.get("source_acc")}
-        return model, {"cfg_mask": ckpt.get("cfg_mask"), "source": source}
-
-    train(TrainConfig.from_args(args), make_model, native=native_size(ckpt["arch"]),
-          record=plain_args(args))
+    train(TrainConfig.from_args(args), checkpoint_model(ckpt, args.checkpoint, model),
+          native=native_size(ckpt["arch"]), record=plain_args(args))
 
 
 # --------------------------------------------------------------------------- the other commands

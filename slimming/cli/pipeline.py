@@ -6,29 +6,35 @@ and repeats, N times (the paper's multi-pass scheme): iterations before the last
 Under torchrun every rank trains (DistributedDataParallel, one process group for all stages),
 but only rank 0 prunes, evaluates the pruned network, writes the report and prints; the other
 ranks wait until rank 0 is done and then read what it wrote. If rank 0 fails, they stop too.
+
+The training stages are ``train(config)`` calls, each a ``dataclasses.replace`` of the
+pipeline's own ``TrainConfig``; the prune, evaluation and report stages run those commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
+import dataclasses
 import functools
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import torch.distributed as torch_dist
 
 from ..errors import SlimmingError
-from ..io.checkpoint import load_model
+from ..io.checkpoint import load_checkpoint, load_model, model_from_checkpoint
 from ..measure.stats import count_flops, count_params, input_size_of
 from ..models.external import is_user_code
 from ..pruning.budget import parse_budget
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
+from ..training.config import TrainConfig
 from ..training.distributed import DistInfo, distributed_session
-from ..training.runs import check_output, device_for
+from ..training.runs import check_output, default_data, device_for, native_size, plain_args
+from ..training.train import train
 from ..utils.files import RunLock, write_text
-from .commands import cmd_eval, cmd_finetune, cmd_prune, cmd_report, cmd_train
+from .commands import checkpoint_model, cmd_eval, cmd_prune, cmd_report, new_model
 
 
 def on_main(dist: DistInfo, work: Callable[[], None]) -> None:
@@ -89,12 +95,29 @@ def run_pipeline(args: argparse.Namespace) -> None:
     # only when named, so it is named again for them
     arch = args.arch if is_user_code(args.arch) else None
 
-    def stage(name: str, **changes) -> argparse.Namespace:
-        ns = copy.copy(args)
-        ns.save, ns.resume, ns.overwrite = root / name, "auto", False
-        for k, v in changes.items():
-            setattr(ns, k, v)
-        return ns
+    config = TrainConfig.from_args(args)  # the sparsity run's; each training stage varies it
+
+    def stage_config(name: str, **changes) -> tuple[TrainConfig, dict]:
+        """A training stage: its config (its own folder, resumed when it is there) and what its
+        checkpoints record as the run's arguments."""
+        changes = {"save": root / name, "resume": "auto", "overwrite": False, **changes}
+        plain = {k: str(v) if isinstance(v, Path) else v for k, v in changes.items()}
+        fields = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
+        return dataclasses.replace(config, **fields), {**plain_args(args), **plain}
+
+    def prune_args(name: str, **changes) -> argparse.Namespace:
+        """The prune stage's arguments: the pipeline's, for its own folder."""
+        return argparse.Namespace(**{**vars(args), "save": root / name, "overwrite": False, **changes})
+
+    def finetune(name: str, pruned: Path) -> None:
+        stage, record = stage_config(name, checkpoint=pruned, arch=arch, depth=None, sparsity=0.0,
+                                     sparsity_target=None, epochs=args.finetune_epochs or args.epochs,
+                                     lr=args.finetune_lr or args.lr)
+        ckpt = load_checkpoint(pruned, **({"arch": arch} if arch else {}))  # on the CPU
+        default_data(stage, ckpt, pruned)
+        model = model_from_checkpoint(ckpt, pruned)
+        train(stage, checkpoint_model(ckpt, pruned, model), native=native_size(ckpt["arch"]),
+              record=record)
 
     with distributed_session(device.type == "cuda") as dist, contextlib.ExitStack() as held:
         say = print if dist.is_main else (lambda *a, **k: None)
@@ -108,10 +131,12 @@ def run_pipeline(args: argparse.Namespace) -> None:
         lock_root()
         if args.baseline:
             say("== baseline (no sparsity) ==")
-            cmd_train(stage(BASELINE, sparsity=0.0))
+            stage, record = stage_config(BASELINE, sparsity=0.0)
+            train(stage, new_model(args), native=native_size(args.arch), record=record)
             lock_root()
         say("== sparsity training ==")
-        cmd_train(stage(SPARSE))
+        stage, record = stage_config(SPARSE)
+        train(stage, new_model(args), native=native_size(args.arch), record=record)
         lock_root()
         source = root / SPARSE / "best.pth"
         for i in range(1, args.iterations + 1):  # the last iteration's folders are pruned/, finetuned/
@@ -119,12 +144,10 @@ def run_pipeline(args: argparse.Namespace) -> None:
             pruned = root / f"{where}{PRUNED}" / "pruned.pth"
             share = budget_share(args, i, root / SPARSE / "best.pth", arch)
             heading = f" (iteration {i} of {args.iterations})" if args.iterations > 1 else ""
-            ns = stage(f"{where}{PRUNED}", checkpoint=source, arch=arch, depth=None, **share)
+            ns = prune_args(f"{where}{PRUNED}", checkpoint=source, arch=arch, depth=None, **share)
             on_main(dist, functools.partial(prune_and_evaluate, ns, heading))
             say("== fine-tune ==")
-            cmd_finetune(stage(f"{where}{FINETUNED}", checkpoint=pruned, arch=arch, depth=None, sparsity=0.0,
-                               sparsity_target=None, epochs=args.finetune_epochs or args.epochs,
-                               lr=args.finetune_lr or args.lr))
+            finetune(f"{where}{FINETUNED}", pruned)
             source = root / f"{where}{FINETUNED}" / "best.pth"
 
         def report() -> None:

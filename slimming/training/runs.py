@@ -82,10 +82,11 @@ def data_of(ckpt: dict) -> dict | None:
     return dict(record) if isinstance(record, dict) else (trained_on(ckpt) or None)
 
 
-def default_data(args, ckpt: dict) -> None:
+def default_data(args, ckpt: dict, path=None) -> None:
     """Data flags not given: the checkpoint's (dataset, root, image size, normalisation), else
     cifar10. An image-folder checkpoint from before slimming measured a folder's own mean and
-    std was normalised with CIFAR-10's: it gets those again."""
+    std was normalised with CIFAR-10's: it gets those again. ``path``: the checkpoint's file
+    (default ``args.checkpoint``), for messages."""
     known = trained_on(ckpt)
     same = args.dataset is None or args.dataset == known.get("dataset")
     if args.dataset is None:
@@ -94,7 +95,7 @@ def default_data(args, ckpt: dict) -> None:
         args.data_root = Path(known["data_root"])
     record = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
     if args.image_size is None and same and record.get("image_size") is not None:
-        args.image_size = recorded_size(ckpt, record["image_size"], args.checkpoint)
+        args.image_size = recorded_size(ckpt, record["image_size"], path or args.checkpoint)
     if args.norm is None and same:
         mean, std = record.get("mean"), record.get("std")
         if _three_floats(mean) and _three_floats(std):
