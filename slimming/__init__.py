@@ -18,6 +18,7 @@ import sys
 
 from .errors import CheckpointError, DataError, SlimmingError
 from .io.checkpoint import checkpoint_dict, load_checkpoint, load_model, save_checkpoint
+from .io.pruned import load_pruned, save_pruned
 from .measure.stats import count_flops, count_params, model_stats
 from .pruning import importance
 from .pruning import prune as _prune_module
@@ -65,5 +66,5 @@ sys.modules[__name__ + ".prune"] = _prune_module  # the name is the function; th
 __all__ = ["__version__", "BNSparsity", "importance", "CheckpointError", "DataError", "PruneResult",
            "SlimmingError",
            "add_l1_subgradient", "channel_masks", "checkpoint_dict", "count_flops", "count_params",
-           "load_checkpoint", "load_model", "model_stats", "prunable_bns", "prune",
-           "save_checkpoint"]
+           "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prune",
+           "save_checkpoint", "save_pruned"]

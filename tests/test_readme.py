@@ -30,7 +30,11 @@ def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
         assert (tmp_path / "runs" / "py-sparse" / "best.pth").exists()
         small = slimming.load_model(tmp_path / "runs" / "py-pruned.pth")
         assert sum(v for v in small.cfg if v != "M") < 16 + 32 + 32 + 64 + 64
-    if "example_inputs" in code:  # any module, pruned through its graph
+    if "save_pruned" in code:  # the user's own class, without its code
+        assert (tmp_path / "small.pth").exists()
+        assert namespace["again"].layer1[0].conv1.out_channels < 64
+        assert namespace["again"].fc.in_features == 512  # ignore="fc" kept its input channels
+    elif "example_inputs" in code:  # any module, pruned through its graph
         result = namespace["result"]
         assert result.model.classifier[1].in_features == namespace["model"].classifier[1].in_features
         assert not result.masks["features.2.conv.0.1"].all()

@@ -1,6 +1,8 @@
 """Files: the checkpoint format, its fields and how a checkpoint rebuilds its network
-(``checkpoint``), bounded and checksummed ``torch.load`` (``safeload``), and the network-slimming
-paper's own checkpoint files (``paper``, with what a state_dict's shapes say in ``structure``).
+(``checkpoint``), a pruned network of the user's own class without its code (``pruned``:
+``save_pruned``/``load_pruned``), and the network-slimming paper's own checkpoint files
+(``paper``, with what a state_dict's shapes say in ``structure``). Bounded, checksummed loading
+is ``slimming.utils.safeload``.
 
 Imports: ``slimming.models``, ``slimming.utils``, ``slimming.errors``.
 """

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from ..errors import SlimmingError, first_line
+from ..errors import SlimmingError, clip, first_line
 
 
 class GraphError(SlimmingError):
@@ -221,10 +221,34 @@ class ChannelGraph:
         return groups
 
 
-def trace(model: nn.Module, example_inputs: torch.Tensor, ignore: tuple[str, ...] = ()) -> ChannelGraph:
+def ignored_names(model: nn.Module, ignore) -> set[str]:
+    """The qualified names of the modules ``ignore`` keeps whole: each entry a module's name or a
+    module type (``nn.Linear``, a detection head's class), and everything inside what it names
+    (``"head"`` keeps ``head.cv1`` too). SlimmingError for a name no module has (a typo would
+    keep nothing) or an entry that is neither."""
+    entries = (ignore,) if isinstance(ignore, (str, type)) else tuple(ignore)
+    names = dict(model.named_modules())
+    roots: set[str] = set()
+    for entry in entries:
+        if isinstance(entry, type) and issubclass(entry, nn.Module):
+            roots |= {n for n, m in names.items() if isinstance(m, entry)}
+        elif isinstance(entry, str):
+            if entry not in names:
+                raise SlimmingError(f"ignore names {clip(entry)}, which is no module of "
+                                    f"{type(model).__name__}", param="ignore")
+            roots.add(entry)
+        else:
+            raise SlimmingError(f"ignore takes module names and module types, not {clip(entry)}",
+                                param="ignore")
+    return {n for n in names for r in roots if n == r or not r or n.startswith(r + ".")}
+
+
+def trace(model: nn.Module, example_inputs: torch.Tensor, ignore=()) -> ChannelGraph:
     """Trace ``model`` (left unchanged) on ``example_inputs`` (N, C, H, W) and build its channel
-    graph. ``ignore``: qualified names of modules whose channels must all be kept. Raises
-    GraphError (one line, naming the module and the op) for what it cannot follow."""
+    graph. ``ignore``: modules whose channels must all be kept, by name (a name keeps what is
+    inside it too) or by type (``ignored_names``). Raises GraphError (one line, naming the module
+    and the op) for what it cannot follow."""
+    keep = ignored_names(model, ignore)
     was_training, before = model.training, set(vars(model))
     model.eval()  # a traced forward with BN statistics frozen; batch 1 is fine
     try:
@@ -243,7 +267,7 @@ def trace(model: nn.Module, example_inputs: torch.Tensor, ignore: tuple[str, ...
         model.train(was_training)
         for name in set(vars(model)) - before:  # constants fx parked on the model while tracing
             delattr(model, name)
-    return _Walk(model, graph, set(ignore)).run()
+    return _Walk(model, graph, keep).run()
 
 
 def structure_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:

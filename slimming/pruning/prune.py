@@ -156,7 +156,7 @@ def default_example(model: nn.Module) -> torch.Tensor:
 
 def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
           min_channels: int = 1, *, importance: Importance | str | None = None,
-          example_inputs: torch.Tensor | None = None, ignore: tuple[str, ...] = (),
+          example_inputs: torch.Tensor | None = None, ignore=(),
           surgery: str = "auto", target_flops: float | None = None,
           target_params: float | None = None, round_to: int = 1, max_layer_prune: float = 1.0,
           compensate: bool = True) -> PruneResult:
@@ -174,12 +174,13 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     ``importance`` scores channels: an ``Importance`` or the name of one (default ``"bn-max"``:
     |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
     pre-activation ResNet, DenseNet, yours) is cut by its own surgery, as the paper does; any
-    other network (or any, with ``surgery="graph"``) is traced on ``example_inputs`` (default: one image of
-    ``default_example``'s size) and cut along its channel graph, keeping whole the modules in
-    ``ignore``. ``compensate`` (default) folds the constant output a cut channel still had
-    (its activation of beta) into the layers that read it (``slimming.pruning.repair``); False
-    gives the paper's network exactly. The original model is left untouched; the new one is on the
-    same device and in the same train/eval mode.
+    other network (or any, with ``surgery="graph"``) is traced on ``example_inputs`` (default:
+    one image of ``default_example``'s size) and cut along its channel graph, keeping whole the
+    modules in ``ignore``: names (a name keeps what is inside it too: ``"head"``) and module
+    types (``nn.Linear``, your head's class). ``compensate`` (default) folds the constant output
+    a cut channel still had (its activation of beta) into the layers that read it
+    (``slimming.pruning.repair``); False gives the paper's network exactly. The original model
+    is left untouched; the new one is on the same device and in the same train/eval mode.
     """
     model = unwrap(model)
     importance = get_importance(importance) if isinstance(importance, str) else importance or DEFAULT
@@ -247,7 +248,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
                             "slimming scores channels by their BatchNorm scale factors)")
-    graph = trace(model, example, tuple(ignore))
+    graph = trace(model, example, ignore)
     groups = [g for g in graph.groups() if g.prunable]
     bns = _bn_names(model)
 

@@ -1,0 +1,110 @@
+"""A network of the user's own class in the user's own loop: which modules ``ignore=`` keeps
+whole (names, what is inside a name, types), and ``save_pruned``/``load_pruned``, which save a
+pruned instance without its code and give the widths back to a fresh instance of the class."""
+
+import pytest
+import torch
+from torch import nn
+
+import slimming
+from slimming import CheckpointError, SlimmingError, load_pruned, save_pruned
+
+torch.manual_seed(0)
+
+
+def cbr(cin, cout, k=3):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, padding=k // 2, bias=False), nn.BatchNorm2d(cout),
+                         nn.ReLU())
+
+
+class Head(nn.Module):
+    def __init__(self, cin, outputs):
+        super().__init__()
+        self.cv = cbr(cin, 12)
+        self.out = nn.Conv2d(12, outputs, 1)
+
+    def forward(self, x):
+        return self.out(self.cv(x))
+
+
+class MyNet(nn.Module):
+    """Stem, a residual pair, and a head, as a user writes one (not a registered family)."""
+
+    def __init__(self, extra: bool = False):
+        super().__init__()
+        self.stem = cbr(3, 16)
+        self.a, self.b = cbr(16, 24), cbr(24, 16)
+        self.down = cbr(16, 32) if not extra else nn.Sequential(cbr(16, 32), cbr(32, 32))
+        self.head = Head(32, 6)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.b(self.a(x))
+        return self.head(self.down(x))
+
+
+def sparse(model: nn.Module, seed: int) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.weight.data = torch.rand(m.num_features, generator=g) ** 3
+            m.bias.data = 0.1 * torch.randn(m.num_features, generator=g)
+            m.running_var.data = 0.5 + torch.rand(m.num_features, generator=g)
+    return model.eval()
+
+
+X = torch.randn(2, 3, 24, 24)
+
+
+@pytest.mark.parametrize("ignore,kept", [
+    ("head", ["head.cv.1"]),                   # a name keeps what is inside it
+    (("head.cv.1",), ["head.cv.1"]),           # an exact name
+    ((Head,), ["head.cv.1"]),                  # a type
+    (("a.1", "a.2"), ["a.1"]),                 # several
+])
+def test_ignore_keeps_modules_whole_by_name_prefix_or_type(ignore, kept):
+    model = sparse(MyNet(), 1)
+    result = slimming.prune(model, percent=0.5, example_inputs=X[:1], ignore=ignore)
+    for name in kept:
+        assert result.masks[name].all(), name
+    others = [n for n in result.masks if n not in kept]
+    assert not others or any(not result.masks[n].all() for n in others)
+
+
+@pytest.mark.parametrize("ignore", ["haed", ("head", "nope.1"), (3,)])
+def test_ignore_refuses_what_names_no_module(ignore):
+    with pytest.raises(SlimmingError) as e:
+        slimming.prune(sparse(MyNet(), 2), percent=0.5, example_inputs=X[:1], ignore=ignore)
+    assert e.value.params == ("ignore",) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_save_pruned_then_load_into_a_fresh_instance(tmp_path, seed):
+    model = sparse(MyNet(), seed)
+    result = slimming.prune(model, percent=0.4, example_inputs=X[:1], ignore="head")
+    path = tmp_path / "pruned.pth"
+    save_pruned(result.model, path, epoch=3)
+    fresh = MyNet()
+    back = load_pruned(path, fresh)
+    assert back is fresh and not back.training
+    assert back.a[0].out_channels == result.model.a[0].out_channels < 24
+    with torch.no_grad():
+        torch.testing.assert_close(back(X), result.model.eval()(X))
+    assert torch.load(path, weights_only=True)["epoch"] == 3
+
+
+def test_load_pruned_refuses_what_does_not_fit(tmp_path):
+    result = slimming.prune(sparse(MyNet(), 4), percent=0.4, example_inputs=X[:1])
+    path = tmp_path / "pruned.pth"
+    save_pruned(result.model, path)
+    with pytest.raises(CheckpointError, match="do not fit MyNet") as e:
+        load_pruned(path, MyNet(extra=True))  # another architecture: a missing key
+    assert "\n" not in str(e.value)
+    other = tmp_path / "other.pth"
+    slimming.save_checkpoint(slimming.checkpoint_dict(slimming.models.build("vgg")), other)
+    with pytest.raises(CheckpointError, match="not a file written by slimming.save_pruned"):
+        load_pruned(other, MyNet())
+    torch.save({"format": "slimming-pruned", "version": 1, "state_dict": {"a": nn.ReLU()}},
+               tmp_path / "code.pth")
+    with pytest.raises(CheckpointError, match="refused"):
+        load_pruned(tmp_path / "code.pth", MyNet())
