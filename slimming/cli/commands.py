@@ -1,7 +1,8 @@
-"""What each subcommand does. ``cli.py`` parses the command line and turns mistakes into one
-line; the functions here take the parsed arguments and do the work through the library:
-``runs.py`` holds what every command shares (device, outputs, data, reading checkpoints),
-``training.py`` the training runs, ``pipeline.py`` ``slimming pipeline``."""
+"""What each subcommand does. ``parser.py`` parses the command line and turns mistakes into
+one line; the functions here take the parsed arguments, call the library and print:
+``slimming.training`` (``train(TrainConfig)``; ``runs``: device, outputs, the data a checkpoint
+was trained on), ``slimming.tools`` (``prune_checkpoint``, sweep, export, report);
+``pipeline.py`` is ``slimming pipeline``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Command line: ``slimming train | prune | finetune | eval | stats | sweep | export | report |
-pipeline``. Parses arguments (and ``--config`` files), checks them against each other, and turns
-user mistakes (``SlimmingError``) into one line on stderr and exit code 2; ``commands.py`` does
-the work. Flags are grouped in ``--help`` (model, data, training, sparsity, output, device),
-each with its default."""
+pipeline``. Parses arguments (and ``--config`` files, as defaults), checks them against each
+other, and turns user mistakes (``SlimmingError``) into one line on stderr and exit code 2, with
+the flag written where the library's message names a parameter (``in_flags``); ``commands.py``
+does the work. Flags are grouped in ``--help`` (model, data, training, sparsity, output,
+device), each with its default."""
 
 from __future__ import annotations
 
