@@ -24,18 +24,24 @@ REQUIRED = ("arch", "input_size", "surgery", "prunable_bns", "pruned_cfg")
 
 def register(net: type[nn.Module]) -> type[nn.Module]:
     """Add the family ``net`` (a class decorator); raises ValueError if it lacks a contract
-    attribute or takes a name already taken."""
+    attribute or takes a name another class has (the same class defined again replaces itself)."""
     missing = [a for a in REQUIRED if not hasattr(net, a)]
     if missing:
         raise ValueError(f"{net.__qualname__} lacks {', '.join(missing)}: see slimming.models.registry")
     if net.surgery not in SURGERY_KINDS:
         raise ValueError(f"{net.arch}: surgery must be one of {SURGERY_KINDS}, got {net.surgery!r}")
     for name in (net.arch, *getattr(net, "aliases", ())):
-        if name in FAMILIES or name in ALIASES or ":" in name:
+        taken = FAMILIES.get(ALIASES.get(name, name))
+        if ":" in name or (taken is not None and not _same_class(taken, net)):
             raise ValueError(f"the family name {name!r} is taken (or has a ':')")
     FAMILIES[net.arch] = net
     ALIASES.update({alias: net.arch for alias in getattr(net, "aliases", ())})
     return net
+
+
+def _same_class(a: type, b: type) -> bool:
+    """The same class defined again (its module reloaded, a notebook cell run twice)."""
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
 
 
 def family(arch: str | None) -> type[nn.Module] | None:

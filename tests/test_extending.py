@@ -90,6 +90,16 @@ def test_a_new_family_is_one_file(tiny_family, tmp_path, seed):
     assert arch_name(tiny_family) == tiny_family
 
 
+def test_a_family_defined_again_replaces_itself_and_a_taken_name_is_refused(tiny_family):
+    """Reloading the family's module (autoreload, a notebook cell run twice) is no error;
+    another class under a taken name (or a shipped family's alias) is."""
+    module = importlib.reload(sys.modules["tiny_family_mod"])
+    assert models.family(tiny_family) is module.Net
+    for name in (tiny_family, "resnet"):
+        with pytest.raises(ValueError, match="is taken"):
+            models.register(type("Other", (module.Net,), {"arch": name}))
+
+
 def test_a_new_criterion_is_one_class(monkeypatch):
     """A subclass of Importance registers under its names; prune and --importance use it."""
     monkeypatch.setattr(importance, "CRITERIA", dict(importance.CRITERIA))

@@ -38,9 +38,10 @@ class Importance:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for name, options in cls.__dict__.get("names", {}).items():
-            if name in CRITERIA:
-                raise ValueError(f"the importance name {name!r} is taken by {CRITERIA[name][0].__name__}")
-            CRITERIA[name] = (cls, options)
+            taken = CRITERIA.get(name, (cls,))[0]
+            if (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
+                raise ValueError(f"the importance name {name!r} is taken by {taken.__name__}")
+            CRITERIA[name] = (cls, options)  # the same class defined again replaces itself
 
     def __call__(self, model: nn.Module, group: Group) -> torch.Tensor:
         raise NotImplementedError
