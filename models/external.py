@@ -127,7 +127,7 @@ def build_external(arch: str, cfg: dict | None = None, *, empty: bool = False,
                    num_classes: int | None = None, kwargs: dict | None = None,
                    input_size: list | tuple | None = None) -> nn.Module:
     """Build ``arch`` (on the meta device when ``empty``: fill it with ``load_state_dict(...,
-    assign=True)`` after ``slimming.surgery.resize_like``). Raises ValueError for a name the
+    assign=True)`` after ``resize_like``, below). Raises ValueError for a name the
     library does not have, kwargs it refuses, or a builder that fails."""
     kwargs = check_kwargs(dict(kwargs or {}))
     builder = _builder(arch)

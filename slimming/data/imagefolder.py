@@ -90,7 +90,7 @@ def _what_is(path: Path) -> str:
 def _list_imagefolder(root: Path) -> tuple[list[str], list[tuple[str, int]], list[tuple[str, int]], str]:
     """``(classes, train samples, test samples, test split name)`` of ``root/train/<class>/...``
     and ``root/test/<class>/...`` (or ``root/val/...`` when there is no test/), listed as
-    ImageFolder does (``slimming.images.list_images``); samples are (path, label)."""
+    ImageFolder does (``slimming.data.images.list_images``); samples are (path, label)."""
     if not root.is_dir():
         what = _what_is(root)
         raise DataError(f"{shown(root)}: {what}; root must be a folder holding "

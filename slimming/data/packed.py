@@ -74,7 +74,7 @@ class Pack:
 
     @property
     def sizes(self) -> Counter:
-        """(width, height) -> number of images, as ``slimming.imagefolder.FolderInfo.sizes``."""
+        """(width, height) -> number of images, as ``slimming.data.imagefolder.FolderInfo.sizes``."""
         return Counter({(self.width, self.height): self.train + self.test})
 
     def name(self, i: int) -> str:

@@ -9,7 +9,7 @@ Format (``version`` 1)::
      "state_dict": {...}, "epoch": completed epochs, "acc": test accuracy (%), "best_acc": ...,
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
-Files of the paper's own PyTorch code (no "arch") load too, given their arch: slimming.compat.
+Files of the paper's own PyTorch code (no "arch") load too, given their arch: slimming.io.paper.
 Everything loads with ``torch.load(path, weights_only=True)``, bounded by ``slimming.utils.safeload``:
 nothing in a file is executed, and nothing in it costs more than its size warrants. Every field
 is checked (type, range, the declared options against the weights' shapes) before anything is

@@ -135,7 +135,7 @@ class PruneResult:
     guarded: list[str] = field(default_factory=list)  # BNs the min_channels guard refilled
     masks: dict[str, torch.Tensor] = field(default_factory=dict)  # BN name -> keep-mask
     layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
-    compensation: dict = field(default_factory=dict)  # what slimming.repair.compensate folded
+    compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
 
     def __post_init__(self):

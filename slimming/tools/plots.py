@@ -4,7 +4,7 @@
 Each picture has a ``*_figure`` function that builds a ``matplotlib.figure.Figure`` (no pyplot:
 no global state, no backend switched under a notebook that shows plots inline), and a function
 of the old name that renders it to PNG bytes and writes them atomically through
-``slimming.files.write_bytes`` (never through a symlink planted at the target).
+``slimming.utils.files.write_bytes`` (never through a symlink planted at the target).
 """
 
 from __future__ import annotations
