@@ -31,7 +31,7 @@ from ..pruning.budget import parse_budget
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
 from ..training.config import TrainConfig
 from ..training.distributed import DistInfo, distributed_session
-from ..training.runs import check_output, default_data, device_for, native_size, plain_args
+from ..training.runs import check_output, default_data, device_for, native_size, plain, plain_args
 from ..training.train import train
 from ..utils.files import RunLock, write_text
 from .commands import checkpoint_model, cmd_eval, cmd_prune, cmd_report, new_model
@@ -101,9 +101,8 @@ def run_pipeline(args: argparse.Namespace) -> None:
         """A training stage: its config (its own folder, resumed when it is there) and what its
         checkpoints record as the run's arguments."""
         changes = {"save": root / name, "resume": "auto", "overwrite": False, **changes}
-        plain = {k: str(v) if isinstance(v, Path) else v for k, v in changes.items()}
         fields = {k: v for k, v in changes.items() if k in TrainConfig.__dataclass_fields__}
-        return dataclasses.replace(config, **fields), {**plain_args(args), **plain}
+        return dataclasses.replace(config, **fields), {**plain_args(args), **plain(changes)}
 
     def prune_args(name: str, **changes) -> argparse.Namespace:
         """The prune stage's arguments: the pipeline's, for its own folder."""

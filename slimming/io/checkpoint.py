@@ -44,7 +44,7 @@ def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
     """Write ``ckpt`` plus its ``checksum`` to ``path`` atomically (``save_checked``): a crash
     or a signal leaves the old file or the new one, never half of one; flipped bits are caught
     by the checksum on load; tensors are saved from the CPU."""
-    save_checked(dict(ckpt), path)
+    save_checked(ckpt, path)
 
 
 def _is_int(v: Any) -> bool:

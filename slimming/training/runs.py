@@ -17,19 +17,21 @@ from ..data.datasets import DATASETS, STATS, build_loaders
 from ..errors import CheckpointError, SlimmingError, clip
 from ..io.checkpoint import load_checkpoint, model_from_checkpoint
 from ..utils import devices
+from .config import TrainConfig
 from .distributed import DistInfo
 
 DEVICE_FLAGS = ("cpu", "device")  # how a file was made, not what it holds: not recorded in it
 
 
-def plain_args(args: argparse.Namespace, leave_out: tuple[str, ...] = ()) -> dict:
-    """The run's arguments as plain values, fit for a weights_only checkpoint."""
-    out = {}
-    for k, v in vars(args).items():
-        if callable(v) or k in leave_out:
-            continue
-        out[k] = str(v) if isinstance(v, Path) else v
-    return out
+def plain_args(args: argparse.Namespace | TrainConfig, leave_out: tuple[str, ...] = ()) -> dict:
+    """The run's arguments (a Namespace or a config) as plain values, fit for a weights_only
+    checkpoint."""
+    return plain({k: v for k, v in vars(args).items() if not callable(v) and k not in leave_out})
+
+
+def plain(values: dict) -> dict:
+    """``values`` with every path as its text."""
+    return {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
 
 
 def check_output(path: Path, overwrite: bool, resumable: bool = False, param: str = "save") -> None:

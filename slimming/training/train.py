@@ -4,7 +4,6 @@ resuming, the data, the one loop (``engine.Trainer``), and starting from the use
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -32,6 +31,7 @@ from .runs import (
     data_record,
     device_for,
     loaders,
+    plain_args,
 )
 from .saver import CheckpointSaver
 from .sparsity import BNSparsity, SparsityController
@@ -145,7 +145,7 @@ def train(config: TrainConfig, model: nn.Module | MakeModel, *, native: int | No
                     held.enter_context(RunLock(config.save))
                 keep_metrics(config.save / "metrics.jsonl", start_epoch)
                 sweep_temporaries(config.save)
-                saver = CheckpointSaver(config.save, {"args": plain_config(config) if record is None
+                saver = CheckpointSaver(config.save, {"args": plain_args(config) if record is None
                                                       else record, **extra})
             result = trainer.fit(train_loader, test_loader, epochs=config.epochs, saver=saver,
                                  start_epoch=start_epoch, best_acc=best_acc, log=say)
@@ -199,11 +199,6 @@ def make_trainer(config: TrainConfig, model: nn.Module, device: torch.device, di
     return Trainer(net, optimizer, scheduler, device, sparsity=sparsity, amp_dtype=amp_dtype,
                    grad_clip=config.grad_clip, label_smoothing=config.label_smoothing,
                    channels_last=config.channels_last, dist=dist, controller=controller, loss_fn=loss_fn)
-
-
-def plain_config(config: TrainConfig) -> dict:
-    """The config as plain values, fit for a weights_only checkpoint."""
-    return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()}
 
 
 def keep_metrics(path: Path, epochs_done: int) -> None:
