@@ -231,13 +231,29 @@ def resize_like(model: nn.Module, state_dict: dict, path: str = "checkpoint") ->
                 if w.shape[1] != 1:
                     raise CheckpointError(f"{path}: {prefix}weight is not a depthwise kernel")
                 m.in_channels = m.out_channels = m.groups = w.shape[0]
-            elif m.groups == 1:
-                m.out_channels, m.in_channels = w.shape[0], w.shape[1]
-            else:
-                raise CheckpointError(f"{path}: {prefix}weight: the grouped convolution {name} "
-                                      "is never cut, yet its shape differs")
+            elif w.shape[0] % m.groups:
+                raise CheckpointError(f"{path}: {prefix}weight: {w.shape[0]} output channels do not "
+                                      f"make {m.groups} equal groups")
+            else:  # a grouped convolution keeps its groups, each cut by the same count
+                m.out_channels, m.in_channels = w.shape[0], w.shape[1] * m.groups
             _empty_like(m, "weight", tuple(w.shape), True)
             _empty_like(m, "bias", (w.shape[0],), True)
+        elif isinstance(m, nn.ConvTranspose2d):
+            w = state_dict.get(prefix + "weight")
+            if w is None or tuple(w.shape) == tuple(m.weight.shape):
+                continue
+            if w.dim() != 4 or tuple(w.shape[2:]) != tuple(m.weight.shape[2:]) or m.groups != 1:
+                raise CheckpointError(f"{path}: {prefix}weight has shape {tuple(w.shape)}, not that "
+                                      "of a cut transposed convolution")
+            m.in_channels, m.out_channels = w.shape[0], w.shape[1]
+            _empty_like(m, "weight", tuple(w.shape), True)
+            _empty_like(m, "bias", (w.shape[1],), True)
+        elif type(m).__name__ == "FrozenBatchNorm2d":  # the BatchNorm tensors, all buffers
+            stats = state_dict.get(prefix + "running_mean")
+            if stats is None or stats.dim() != 1 or stats.numel() == m.running_mean.numel():
+                continue
+            for t in BN_STATE:
+                _empty_like(m, t, (stats.numel(),), False)
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
             stats = state_dict.get(prefix + "running_mean", state_dict.get(prefix + "weight"))
             if stats is None or stats.dim() != 1 or stats.numel() == m.num_features:

@@ -29,9 +29,10 @@ from ..errors import SlimmingError
 from ..models.common import BN_STATE
 from ..utils.modules import keep_slices, unwrap
 from . import budget, repair, surgery
-from .graph import Group, trace
+from .graph import Group
 from .importance import DEFAULT, Importance, get_importance
-from .select import scaled_prunable_bns, select
+from .select import equalize, scaled_prunable_bns, select
+from .trace import trace
 
 
 def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -243,17 +244,27 @@ def _family_plan(model: nn.Module, importance: Importance) -> Plan:
 
 
 def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor, ignore) -> Plan:
-    """Any network: trace its channel graph once, score each prunable group; ``build`` cuts a
-    copy along the graph."""
+    """Any network: trace its channel graph once, score the free channels of each prunable
+    group; ``build`` puts the pinned channels back, evens out the equal-count blocks (grouped
+    convolutions, chunks) and cuts a copy along the graph."""
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
                             "slimming scores channels by their BatchNorm scale factors)")
     graph = trace(model, example, ignore)
-    groups = [g for g in graph.groups() if g.prunable]
+    everything = graph.groups()
+    groups = [g for g in everything if g.prunable]
+    scores = [importance(model, g).float().cpu() for g in groups]
+    blocks = graph.blocks()
     bns = _bn_names(model)
 
     def build(masks, threshold, guarded) -> PruneResult:
-        roots = {graph.find(g.spaces[0]): m for g, m in zip(groups, masks)}
+        roots = {graph.find(g.spaces[0]): torch.ones(g.size, dtype=torch.bool) for g in everything}
+        ranks = {r: torch.full((len(m),), float("inf")) for r, m in roots.items()}
+        for g, m, score in zip(groups, masks, scores):
+            r, free = graph.find(g.spaces[0]), g.free()
+            roots[r][free] = m
+            ranks[r][free] = score[free]
+        equalize(roots, ranks, blocks)
         plan = surgery.plan(graph, roots)
         new = surgery.cut(model, plan)
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
@@ -265,4 +276,4 @@ def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
                            [groups[i].bns[0][0] for i in guarded], layers=layers)
 
-    return Plan([importance(model, g).float().cpu() for g in groups], build)
+    return Plan([s[g.free()] for g, s in zip(groups, scores)], build)

@@ -105,3 +105,24 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
             masks[i] = torch.zeros_like(m)
             masks[i][order[:want]] = True
     return masks, threshold, guarded
+
+
+def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], constraints) -> None:
+    """In place: in every constraint (a list of blocks, each a list of (group, start, length)
+    runs), each block keeps as many channels as the block that keeps most, the best-scoring
+    coming back first. Only keeps more: a grouped convolution stays one with equal groups, the
+    chunks of a tensor stay the chunks of the pruned tensor."""
+    changed = True
+    while changed:
+        changed = False
+        for blocks in constraints:
+            counts = [sum(int(masks[r][s:s + n].sum()) for r, s, n in block) for block in blocks]
+            want = max(counts)
+            for block, have in zip(blocks, counts):
+                if have == want:
+                    continue
+                cut = [(float(scores[r][p]), r, p) for r, s, n in block for p in range(s, s + n)
+                       if not masks[r][p]]
+                for _, r, p in sorted(cut, key=lambda c: -c[0])[:want - have]:
+                    masks[r][p] = True
+                changed = True

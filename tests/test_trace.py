@@ -1,0 +1,367 @@
+"""The real-forward trace (slimming.pruning.trace) on the patterns torch.fx refused or the graph
+did not follow: CSP splits, C2f chunks kept in a Python list, channel slices, transposed
+convolutions, grouped convolutions, functional layers, shape checks and Python indexing in
+forward, nested outputs, a detection head kept by ``ignore=``, frozen BatchNorms; and the timm
+and torchvision networks built from them.
+
+The promise for each, over random sparsity-shaped gammas and several percents: the pruned
+network's outputs equal the original's with the cut channels' gamma and beta zeroed in every
+BatchNorm of their group, and the original is left untouched."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import sparsity_shaped
+from torch import nn
+
+import slimming
+from slimming.pruning.trace import trace
+
+torchvision = pytest.importorskip("torchvision")
+
+
+def cbr(i: int, o: int, k: int = 3, s: int = 1, g: int = 1) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(i, o, k, s, k // 2, groups=g, bias=False), nn.BatchNorm2d(o), nn.SiLU())
+
+
+class CSPSplit(nn.Module):
+    """timm's CspStage: the expanded tensor split by a fixed size, one half through blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.exp = cbr(3, 16), cbr(16, 32, 1)
+        self.blocks, self.trans_b = nn.Sequential(cbr(16, 16), cbr(16, 16)), cbr(16, 16, 1)
+        self.trans, self.head = cbr(32, 24, 1), nn.Linear(24, 5)
+
+    def forward(self, x):
+        xs, xb = self.exp(self.stem(x)).split(16, dim=1)
+        out = self.trans(torch.cat([xs, self.trans_b(self.blocks(xb))], dim=1))
+        return self.head(out.mean((2, 3)))
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.cv1, self.cv2 = cbr(c, c), cbr(c, c)
+
+    def forward(self, x):
+        return x + self.cv2(self.cv1(x))
+
+
+class C2f(nn.Module):
+    """YOLOv8's block: chunk into a Python list, extend it with bottlenecks of the last piece."""
+
+    def __init__(self, c1: int, c2: int, n: int = 2):
+        super().__init__()
+        self.c = c2 // 2
+        self.cv1, self.cv2 = cbr(c1, 2 * self.c, 1), cbr((2 + n) * self.c, c2, 1)
+        self.m = nn.ModuleList(Bottleneck(self.c) for _ in range(n))
+
+    def forward(self, x):
+        y = list(self.cv1(x).chunk(2, 1))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class C2fNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block, self.head = cbr(3, 16, 3, 2), C2f(16, 32), nn.Conv2d(32, 6, 1)
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)))
+
+
+class Ghost(nn.Module):
+    """GhostNet's module: a cheap depthwise copy concatenated, then sliced to ``out``."""
+
+    def __init__(self, i: int, out: int):
+        super().__init__()
+        init = (out + 1) // 2
+        self.out, self.primary, self.cheap = out, cbr(i, init, 1), cbr(init, init, 3, g=init)
+
+    def forward(self, x):
+        x1 = self.primary(x)
+        return torch.cat([x1, self.cheap(x1)], dim=1)[:, :self.out, :, :]
+
+
+class GhostNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.g1, self.g2, self.g3 = cbr(3, 16), Ghost(16, 13), Ghost(13, 16), Ghost(16, 24)
+        self.fc = nn.Linear(24, 4)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.g3(self.g2(self.g1(self.stem(x)))), 1), 1))
+
+
+class RexSlice(nn.Module):
+    """ReXNet's shortcut: added to the first channels only, the rest concatenated after."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.exp, self.pwl, self.out = cbr(3, 16), cbr(16, 48, 1), cbr(48, 24, 1), cbr(24, 32)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.pwl(self.exp(x))
+        y = torch.cat([y[:, 0:16] + x, y[:, 16:]], dim=1)
+        return self.out(y)
+
+
+class Decoder(nn.Module):
+    """A small UNet: a strided encoder, a transposed-convolution decoder, a skip concatenation,
+    per-pixel logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc1, self.down = cbr(3, 16), cbr(16, 32, 3, 2)
+        self.up = nn.Sequential(nn.ConvTranspose2d(32, 16, 2, 2), nn.BatchNorm2d(16), nn.ReLU())
+        self.fuse, self.logits = cbr(32, 16), nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        e = self.enc1(x)
+        return self.logits(self.fuse(torch.cat([e, self.up(self.down(e))], 1)))
+
+
+class Grouped(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.g1, self.g2 = cbr(3, 32), cbr(32, 32, 3, g=4), cbr(32, 64, 3, g=4)
+        self.pw, self.fc = cbr(64, 24, 1), nn.Linear(24, 3)
+
+    def forward(self, x):
+        return self.fc(self.pw(self.g2(self.g1(self.stem(x)))).mean((2, 3)))
+
+
+class Checks(nn.Module):
+    """Python the torch.fx tracer refused: shape checks, data-dependent branches, layers picked
+    by index, a functional convolution with a module's parameters."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([cbr(3, 16), cbr(16, 16), cbr(16, 24)])
+        self.conv, self.bn = nn.Conv2d(24, 24, 3, padding=1, bias=False), nn.BatchNorm2d(24)
+        self.fc = nn.Linear(24, 2)
+
+    def forward(self, x):
+        assert x.dim() == 4, "an image batch"
+        if x.shape[-1] != x.shape[-2]:
+            raise ValueError("square images only")
+        for i in range(len(self.layers)):
+            x = self.layers[i](x)
+            if x.shape[1] > 16 and float(x.abs().sum()) >= 0:
+                x = x * 1.0
+        x = F.relu(self.bn(F.conv2d(x, self.conv.weight, None, padding=1)))
+        return self.fc(x.mean((2, 3)))
+
+
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.fc = cbr(3, 16), cbr(16, 24), cbr(24, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        f1 = self.a(x)
+        f2 = self.b(f1)
+        f3 = self.c(f2)
+        return {"logits": self.fc(f3.mean((2, 3))), "features": [f3, (F.max_pool2d(f3, 2),)]}
+
+
+class Head(nn.Module):
+    """A YOLO-style detect head with its eval-time decoding: views, a concatenation over the
+    anchors, a split into boxes and classes, a softmax. Kept whole by ``ignore=``."""
+
+    def __init__(self, chs=(16, 24), nc=3):
+        super().__init__()
+        self.no = 4 + nc
+        self.cv = nn.ModuleList(nn.Sequential(cbr(c, 16), nn.Conv2d(16, self.no, 1)) for c in chs)
+
+    def forward(self, xs):
+        out = torch.cat([cv(x).view(x.shape[0], self.no, -1) for cv, x in zip(self.cv, xs)], 2)
+        box, cls = out.split((4, self.no - 4), 1)
+        return torch.cat([box.view(box.shape[0], 4, -1).permute(0, 2, 1).softmax(-1),
+                          cls.sigmoid().transpose(1, 2)], 2)
+
+
+class Detector(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p3 = nn.Sequential(cbr(3, 16, 3, 2), cbr(16, 16))
+        self.p4, self.head = nn.Sequential(cbr(16, 24, 3, 2), cbr(24, 24)), Head()
+
+    def forward(self, x):
+        a = self.p3(x)
+        return self.head([a, self.p4(a)])
+
+
+class FrozenBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.frozen = torchvision.ops.FrozenBatchNorm2d(16)
+        self.conv2, self.bn = nn.Conv2d(16, 24, 3, padding=1, bias=False), nn.BatchNorm2d(24)
+        self.conv3, self.bn3 = nn.Conv2d(24, 8, 1, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        x = F.relu(self.frozen(self.conv1(x)))
+        return self.bn3(self.conv3(F.relu(self.bn(self.conv2(x)))))
+
+
+def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
+    z = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, keep in masks.items():
+            bn = z.get_submodule(name)
+            bn.weight[~keep] = 0
+            bn.bias[~keep] = 0
+    return z
+
+
+def flat(out) -> torch.Tensor:
+    if isinstance(out, torch.Tensor):
+        return out.flatten()
+    values = out.values() if isinstance(out, dict) else out
+    return torch.cat([flat(v) for v in values])
+
+
+def check_exact(model: nn.Module, x: torch.Tensor, percents=(0.2, 0.5, 0.8), seed: int = 0, **kw):
+    """Prune at each percent; the pruned network equals the zeroed original (and has fewer
+    parameters); the original is untouched. Returns the last result."""
+    model.eval()
+    sparsity_shaped(model, seed)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = sum(p.numel() for p in model.parameters())
+    for percent in percents:
+        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False, **kw)
+        with torch.no_grad():
+            a, b = flat(result.model(x)), flat(zeroed(model, result.masks)(x))
+        assert ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item() < 1e-4, percent
+        assert sum(p.numel() for p in result.model.parameters()) < params, percent
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    return result
+
+
+PATTERNS = {"csp-split": CSPSplit, "c2f-chunk-list": C2fNet, "ghost-slice": GhostNet,
+            "rexnet-slice": RexSlice, "transposed-decoder": Decoder, "grouped": Grouped,
+            "shape-checks-functional": Checks, "nested-outputs": Nested}
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pruned_equals_the_zeroed_original_on_every_pattern(name, seed):
+    torch.manual_seed(seed)
+    check_exact(PATTERNS[name](), torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed)),
+                seed=seed)
+
+
+def test_a_c2f_chunk_is_cut_in_equal_halves_and_each_half_on_its_own():
+    torch.manual_seed(0)
+    model = C2fNet()
+    result = check_exact(model, torch.randn(2, 3, 32, 32))
+    half = result.masks["block.cv1.1"].view(2, -1).sum(1)
+    assert half[0] == half[1]  # chunk(2) of the pruned tensor gives the pruned halves
+    # the second half is tied to the bottlenecks' outputs (their residual sums), the first is not
+    graph = trace(model, torch.zeros(1, 3, 32, 32))
+    second = next(g for g in graph.groups() if any(b[0] == "block.m.0.cv2.1" for b in g.bns))
+    assert {b[0] for b in second.bns} >= {"block.cv1.1", "block.m.0.cv2.1", "block.m.1.cv2.1"}
+    first = next(g for g in graph.groups() if any(b[0] == "block.cv1.1" and b[1] == 0 for b in g.bns))
+    assert first is not second and first.prunable and second.prunable
+
+
+def test_fixed_slices_and_splits_pin_the_channels_before_their_bounds():
+    graph = trace(RexSlice(), torch.zeros(1, 3, 32, 32))
+    pwl = next(g for g in graph.groups() if any(b[0] == "pwl.1" for b in g.bns))
+    assert pwl.prunable and pwl.pinned[:16].all() and not pwl.pinned[16:].any()
+    graph = trace(CSPSplit(), torch.zeros(1, 3, 32, 32))
+    exp = next(g for g in graph.groups() if any(b[0] == "exp.1" for b in g.bns))
+    assert not exp.prunable and "split into fixed sizes" in exp.reason
+
+
+def test_a_transposed_convolution_is_cut_on_both_sides():
+    torch.manual_seed(0)
+    result = check_exact(Decoder(), torch.randn(2, 3, 32, 32), percents=(0.6,))
+    up = result.model.up[0]
+    assert up.weight.shape == (result.model.down[0].out_channels, up.out_channels, 2, 2)
+    assert up.out_channels == int(result.masks["up.1"].sum()) < 16
+
+
+def test_the_head_kept_by_ignore_keeps_every_channel_and_its_decoding_runs():
+    torch.manual_seed(0)
+    model = Detector()
+    x = torch.randn(2, 3, 32, 32)
+    # the decoding works on the outputs' channels, which are kept: followed as opaque
+    free = check_exact(model, x)
+    assert free.model.head.cv[0][0][0].out_channels < 16
+    result = check_exact(model, x, ignore="head")
+    for name, m in model.head.named_modules():
+        if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
+            assert result.model.head.get_submodule(name).weight.shape == m.weight.shape, name
+    assert result.model.p4[0][0].out_channels < 24 and result.model.p4[1][0].out_channels == 24
+
+
+def test_frozen_batchnorms_are_followed_but_not_scored():
+    model = FrozenBlock()
+    groups = trace(model, torch.zeros(1, 3, 16, 16)).groups()
+    frozen = next(g for g in groups if "frozen" in g.frozen)
+    assert not frozen.prunable and "FrozenBatchNorm2d" in frozen.reason and "not scored" in frozen.reason
+    result = check_exact(model, torch.randn(2, 3, 16, 16), percents=(0.5,))
+    assert result.model.conv1.out_channels == 16 and result.model.conv2.out_channels < 24
+
+
+def test_a_layer_the_example_never_runs_is_named_and_left_whole():
+    class Either(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = cbr(3, 16), cbr(16, 16), cbr(16, 16)
+
+        def forward(self, x):
+            x = self.a(x)
+            return self.c(x if x.shape[-1] < 64 else self.b(x))
+
+    model = Either()
+    sparsity_shaped(model, 1)
+    with pytest.warns(UserWarning, match=r"2 layer\(s\) did not run .* b\.0, b\.1"):
+        graph = trace(model, torch.zeros(1, 3, 32, 32))
+    assert "b.1" in graph.unseen
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 32, 32))
+    assert result.model.b[0].weight.shape == model.b[0].weight.shape
+
+
+TIMM = ["cspdarknet53", "res2net50_26w_4s", "ghostnet_100", "rexnet_100", "cspresnet50"]
+
+
+@pytest.mark.parametrize("name", TIMM)
+def test_timm_networks_built_from_these_patterns(name):
+    timm = pytest.importorskip("timm")
+    model = timm.create_model(name, pretrained=False, num_classes=10)
+    check_exact(model, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2)),
+                percents=(0.3, 0.7), seed=len(name))
+
+
+@pytest.mark.parametrize("name", ["lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large"])
+def test_torchvision_segmentation_models(name):
+    build = getattr(torchvision.models.segmentation, name)
+    model = build(weights=None, weights_backbone=None, num_classes=5)
+    result = check_exact(model, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(3)),
+                         percents=(0.3, 0.7))
+    assert result.model(torch.zeros(1, 3, 64, 64))["out"].shape == (1, 5, 64, 64)
+
+
+@pytest.mark.parametrize("make", [Grouped, Decoder, FrozenBlock, C2fNet], ids=lambda m: m.__name__)
+def test_a_pruned_network_of_these_layers_saves_and_loads_into_a_fresh_instance(make, tmp_path):
+    torch.manual_seed(0)
+    model = make().eval()
+    sparsity_shaped(model, 4)
+    x = torch.randn(2, 3, 32, 32)
+    result = slimming.prune(model, percent=0.5, example_inputs=x[:1])
+    slimming.save_pruned(result.model, tmp_path / "pruned.pth")
+    loaded = slimming.load_pruned(tmp_path / "pruned.pth", make()).eval()
+    with torch.no_grad():
+        assert torch.equal(flat(loaded(x)), flat(result.model.eval()(x)))
+    assert sum(p.numel() for p in loaded.parameters()) < sum(p.numel() for p in model.parameters())
