@@ -21,6 +21,8 @@ def cases(f: Path, d: Path) -> dict[str, list[str]]:
         "loader_speed.py": ["--cache-dir", str(f)],
         "pack_images.py": [str(d), str(d)],
         "compare_trees.py": [str(d), str(d)],
+        "detector.py": ["--out", str(f)],
+        "network_table.py": ["--repeats", "0"],
         "gpu/run.py": ["--out", str(f), "--no-install"],
     }
 

@@ -4,6 +4,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 import slimming
 
@@ -20,6 +21,16 @@ def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
+    if "class Detector" in code:  # your own detector in your own loop, its head kept whole
+        small, again = namespace["small"], namespace["again"]
+        result = namespace["result"]
+        assert result.budget["achieved"] <= 0.6 * result.budget["full"]
+        assert small.head[1].out_channels == 7 and small.head[0][0].weight.shape == (32, 32, 3, 3)
+        assert (tmp_path / "detector.pth").exists()
+        x = torch.randn(2, 3, 64, 64)
+        with torch.no_grad():
+            assert torch.equal(again.eval()(x), small.eval()(x))
+        return
     if "sparsity.apply()" in code:  # the training loop, prune, save and reload
         out = capsys.readouterr().out
         assert "% of |gamma| under 1e-2" in out and "feature.1" in out

@@ -93,7 +93,8 @@ def _conv_shape(args, kwargs) -> torch.Tensor | None:
     if kwargs or len(args) != 7 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 4:
         return None
     x, w, _, stride, padding, dilation, groups = args
-    if isinstance(padding, str) or x.shape[1] != w.shape[1] * groups:
+    if not all(isinstance(v, (tuple, list)) and len(v) == 2 for v in (stride, padding, dilation)) \
+            or x.shape[1] != w.shape[1] * groups:
         return None
     size = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in
             zip(x.shape[2:], padding, dilation, w.shape[2:], stride)]
@@ -112,7 +113,13 @@ class _Mode(TorchFunctionMode):
         out = _conv_shape(args, kwargs) if self.walk.blank and func is torch.conv2d else None
         out = func(*args, **kwargs) if out is None else out
         if not self.walk.whole:
-            self.walk.op(func, args, kwargs, out)
+            try:
+                self.walk.op(func, args, kwargs, out)
+            except GraphError:
+                raise
+            except Exception as e:  # arguments no rule here expected: the op is not followed
+                why = f"arguments it does not expect: {first_line(e, 80)}"
+                raise self.walk.fail(_name(func), why) from None
         return out
 
 
@@ -287,6 +294,9 @@ class _Walk:
             self.reduce(op, out, inputs)
         elif op in SPLIT_OPS:
             self.split(op, args, kwargs, out, inputs)
+        elif op in VALUE_OPS and not _tensors(out):
+            for _, m in inputs:
+                self.g.pin(m, f"{self.where()}: its values are read by {op}")
         elif op in ZERO_OPS or op in PASS_OPS:
             x = inputs[0][1]
             same = isinstance(out, torch.Tensor) and out.shape[:2] == inputs[0][0].shape[:2]
@@ -296,9 +306,6 @@ class _Walk:
                 return
             zero = op in ZERO_OPS and not (op == "pad" and _arg(args, kwargs, 3, "value", 0) not in (0, None))
             self.set(out, x.with_gate(None if zero else False))
-        elif op in VALUE_OPS and not _tensors(out):
-            for _, m in inputs:
-                self.g.pin(m, f"{self.where()}: its values are read by {op}")
         else:
             self.opaque(op, "an op it does not know", [m for _, m in inputs], out)
 
@@ -309,12 +316,13 @@ class _Walk:
         weight = _arg(args, kwargs, 3 if op == "batch_norm" else 1, "weight")
         probe = weight if weight is not None else _arg(args, kwargs, 1, "running_mean")
         name, module = self.owner.get(id(probe), (None, None))
+        if name is not None:
+            self.seen.add(name)
         if x is None:  # a layer of something untracked (a weight computed from parameters)
             self.set(out, None)
             return
         if name is None:
             return self.opaque(op, "a layer whose weight is no module's parameter", [x], out)
-        self.seen.add(name)
         ignored = name in self.ignore or self.in_ignored()
         if op == "batch_norm":
             if x.factor != 1 or out.dim() != 4:

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError
+from ..pruning.graph import ignored_names
 from ..pruning.select import prunable_bns
 
 SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity training"
@@ -37,13 +38,18 @@ def add_l1_subgradient(params: list[torch.Tensor], strength: float) -> None:
 
 
 class BNSparsity:
-    """Applies the L1 subgradient to the gammas of ``model``'s prunable BatchNorm layers."""
+    """Applies the L1 subgradient to the gammas of ``model``'s prunable BatchNorm layers, but
+    those inside ``ignore`` (module names or types, as ``slimming.prune`` takes them: the
+    detection head you will keep whole need not be made sparse)."""
 
-    def __init__(self, model: nn.Module, strength: float):
+    def __init__(self, model: nn.Module, strength: float, ignore=()):
         if strength < 0:
-            raise SlimmingError(f"sparsity strength must be >= 0, got {strength}")
+            raise SlimmingError(f"sparsity strength must be >= 0, got {strength}", param="strength")
         self.strength = strength
-        self.params = [bn.weight for bn in prunable_bns(model) if bn.weight is not None]
+        skip = {id(m) for name, m in model.named_modules() if name in ignored_names(model, ignore)} \
+            if ignore else set()
+        self.params = [bn.weight for bn in prunable_bns(model) if bn.weight is not None
+                       and id(bn) not in skip]
 
     def apply(self) -> None:
         add_l1_subgradient(self.params, self.strength)
