@@ -108,21 +108,40 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
 
 
 def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], constraints) -> None:
-    """In place: in every constraint (a list of blocks, each a list of (group, start, length)
-    runs), each block keeps as many channels as the block that keeps most, the best-scoring
-    coming back first. Only keeps more: a grouped convolution stays one with equal groups, the
-    chunks of a tensor stay the chunks of the pruned tensor."""
-    changed = True
-    while changed:
-        changed = False
-        for blocks in constraints:
-            counts = [sum(int(masks[r][s:s + n].sum()) for r, s, n in block) for block in blocks]
-            want = max(counts)
-            for block, have in zip(blocks, counts):
-                if have == want:
-                    continue
-                cut = [(float(scores[r][p]), r, p) for r, s, n in block for p in range(s, s + n)
-                       if not masks[r][p]]
-                for _, r, p in sorted(cut, key=lambda c: -c[0])[:want - have]:
-                    masks[r][p] = True
-                changed = True
+    """In place: in every constraint (a list of blocks of equal length, each a list of
+    (group, start, length) runs), every block keeps the same number of channels, its
+    best-scoring ones (``scores``: +inf where a channel must stay). First each constraint on its
+    own: every block keeps the mean of their counts, rounded up (so the total never falls: the
+    threshold decided how many go, the blocks decide where from); then, where constraints share
+    channels, the blocks that keep fewer get their best channels back until each keeps as many
+    as the one that keeps most. A grouped convolution stays one with equal groups, the chunks of
+    a tensor stay the chunks of the pruned tensor."""
+    if not constraints:
+        return
+    start, offset = {}, 0
+    for r, m in masks.items():
+        start[r], offset = offset, offset + len(m)
+    keep = torch.cat(list(masks.values()))
+    rank = torch.cat([scores[r].float() for r in masks])
+    index = [torch.stack([torch.cat([torch.arange(start[r] + s, start[r] + s + n) for r, s, n in block])
+                          for block in blocks]) for blocks in constraints]  # (blocks, length) each
+
+    def keep_best(idx: torch.Tensor, k: int, by: torch.Tensor) -> None:
+        new = torch.zeros(idx.shape, dtype=torch.bool)
+        new.scatter_(1, torch.argsort(by, dim=1, descending=True, stable=True)[:, :k], True)
+        keep[idx] = new
+
+    for idx in index:
+        fixed = int(torch.isinf(rank[idx]).sum(1).max())
+        keep_best(idx, max(1, fixed, -(-int(keep[idx].sum()) // len(idx))), rank[idx])
+    for _ in range(100):
+        short = [idx for idx in index if bool((keep[idx].sum(1) < keep[idx].sum(1).max()).any())]
+        if not short:
+            break
+        for idx in short:  # what each block keeps now first, then its best
+            keep_best(idx, int(keep[idx].sum(1).max()), rank[idx] + keep[idx] * 1e30)
+    else:  # constraints that read the same channels twice: keep all they touch
+        for idx in index:
+            keep[idx] = True
+    for r, m in masks.items():
+        m.copy_(keep[start[r]:start[r] + len(m)])
