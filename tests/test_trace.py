@@ -245,8 +245,23 @@ def check_exact(model: nn.Module, x: torch.Tensor, percents=(0.2, 0.5, 0.8), see
     return result
 
 
-PATTERNS = {"csp-split": CSPSplit, "c2f-chunk-list": C2fNet, "ghost-slice": GhostNet,
-            "rexnet-slice": RexSlice, "transposed-decoder": Decoder, "grouped": Grouped,
+class Picks(nn.Module):
+    """Channels picked by an index list, a step and from the end: fixed positions, pinned up to
+    the last one read (from the end: all)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = cbr(3, 16), cbr(16, 12), cbr(4 + 6, 8)
+
+    def forward(self, x):
+        y = self.b(self.a(x))
+        last = y[:, -8:].mean(1, keepdim=True)
+        return self.c(torch.cat([y[:, [0, 2, 3, 5]], y[:, ::2]], 1)) + last
+
+
+PATTERNS = {"index-list-and-step": Picks, "csp-split": CSPSplit, "c2f-chunk-list": C2fNet,
+            "ghost-slice": GhostNet, "rexnet-slice": RexSlice, "transposed-decoder": Decoder,
+            "grouped": Grouped,
             "shape-checks-functional": Checks, "nested-outputs": Nested}
 
 

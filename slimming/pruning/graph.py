@@ -138,7 +138,9 @@ class ChannelGraph:
         self.refined: dict[int, list[int]] = {}  # space -> the spaces of its pieces, in order
         self.uses: list[Use] = []
         self.pins: list[tuple[Seg, str]] = []  # channels always kept, and why
-        self.equal: list[list[list[Seg]]] = []  # blocks (each a list of segments) of equal counts
+        # sets of blocks (each a list of segments) that keep equal counts, and what made them:
+        # "chunk" (the pieces of one tensor) or "groups" (a grouped convolution's groups)
+        self.equal: list[tuple[str, list[list[Seg]]]] = []
         self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
         self.bn_order = {name: i for i, (name, m) in enumerate(model.named_modules())
                          if isinstance(m, nn.modules.batchnorm._BatchNorm)}
@@ -186,18 +188,19 @@ class ChannelGraph:
         new = [self.new_space(size // pieces) for _ in range(pieces)]
         self.refined[s.space] = new  # groups() skips it: its pieces are the spaces now
         maps = [Map([Seg(p, 0, size // pieces, s.gated)], m.factor) for p in new]
-        self.equal.append([mp.segs for mp in maps])
+        self.equal.append(("chunk", [mp.segs for mp in maps]))
         return maps
 
     def pin(self, m: Map, why: str) -> None:
         for seg in m.segs:
             self.pins.append((seg, why))
 
-    def equal_blocks(self, m: Map, blocks: int) -> None:
-        """The ``blocks`` equal runs of ``m`` keep equal counts of channels."""
+    def equal_blocks(self, m: Map, blocks: int, kind: str) -> None:
+        """The ``blocks`` equal runs of ``m`` keep equal counts of channels (``kind``: "chunk"
+        or "groups")."""
         if blocks > 1:
             n = m.channels // blocks
-            self.equal.append(_chunks(m.segs, [n] * blocks))
+            self.equal.append((kind, _chunks(m.segs, [n] * blocks)))
 
     def pinned_everywhere(self, m: Map) -> bool:
         """Whether every channel of ``m`` is pinned by now (so no cut can reach it)."""
@@ -294,13 +297,10 @@ class ChannelGraph:
                                       default=1 << 30))
         return groups
 
-    def blocks(self) -> list[list[list[tuple[int, int, int]]]]:
-        """The equal-count constraints as blocks of (group root, start, length) runs."""
-        out = []
-        for blocks in self.equal:
-            out.append([[(self.find(s.space), s.start, s.length) for s in self.resolve(Map(b)).segs]
-                        for b in blocks])
-        return out
+    def blocks(self) -> list[tuple[str, list[list[tuple[int, int, int]]]]]:
+        """The equal-count constraints: (kind, blocks of (group root, start, length) runs)."""
+        return [(kind, [[(self.find(s.space), s.start, s.length) for s in self.resolve(Map(b)).segs]
+                        for b in blocks]) for kind, blocks in self.equal]
 
 
 def ignored_names(model: nn.Module, ignore) -> set[str]:

@@ -108,14 +108,17 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
 
 
 def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], constraints) -> None:
-    """In place: in every constraint (a list of blocks of equal length, each a list of
+    """In place: in every constraint ((kind, blocks): blocks of equal length, each a list of
     (group, start, length) runs), every block keeps the same number of channels, its
     best-scoring ones (``scores``: +inf where a channel must stay). First each constraint on its
-    own: every block keeps the mean of their counts, rounded up (so the total never falls: the
-    threshold decided how many go, the blocks decide where from); then, where constraints share
-    channels, the blocks that keep fewer get their best channels back until each keeps as many
-    as the one that keeps most. A grouped convolution stays one with equal groups, the chunks of
-    a tensor stay the chunks of the pruned tensor."""
+    own. The pieces of a chunk ("chunk", 2 to 4 of them) keep as many as the piece that keeps
+    most: like the other limits this only keeps more, and costs little. The groups of a grouped
+    convolution ("groups", often 30 to 100) keep the mean of their counts, rounded up: their
+    counts scatter around it, and the most any keeps would keep nearly everything; the total
+    never falls (the threshold decided how many go, the groups decide where from). Then, where
+    constraints share channels, blocks that keep fewer get their best channels back until each
+    keeps as many as the one that keeps most. A grouped convolution stays one with equal groups,
+    the chunks of a tensor stay the chunks of the pruned tensor."""
     if not constraints:
         return
     start, offset = {}, 0
@@ -124,16 +127,18 @@ def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], co
     keep = torch.cat(list(masks.values()))
     rank = torch.cat([scores[r].float() for r in masks])
     index = [torch.stack([torch.cat([torch.arange(start[r] + s, start[r] + s + n) for r, s, n in block])
-                          for block in blocks]) for blocks in constraints]  # (blocks, length) each
+                          for block in blocks]) for _, blocks in constraints]  # (blocks, length) each
 
     def keep_best(idx: torch.Tensor, k: int, by: torch.Tensor) -> None:
         new = torch.zeros(idx.shape, dtype=torch.bool)
         new.scatter_(1, torch.argsort(by, dim=1, descending=True, stable=True)[:, :k], True)
         keep[idx] = new
 
-    for idx in index:
+    for (kind, _), idx in zip(constraints, index):
+        counts = keep[idx].sum(1)
         fixed = int(torch.isinf(rank[idx]).sum(1).max())
-        keep_best(idx, max(1, fixed, -(-int(keep[idx].sum()) // len(idx))), rank[idx])
+        share = int(counts.max()) if kind == "chunk" else -(-int(counts.sum()) // len(idx))
+        keep_best(idx, max(1, fixed, share), rank[idx] + keep[idx] * (kind == "chunk") * 1e30)
     for _ in range(100):
         short = [idx for idx in index if bool((keep[idx].sum(1) < keep[idx].sum(1).max()).any())]
         if not short:

@@ -350,9 +350,9 @@ class _Walk:
             self.g.uses.append(Use(name, "depthwise", x))
             return self.set(out, x.with_gate(None if _arg(args, kwargs, 2, "bias") is None else False))
         # grouped: every group keeps the same number of input and of output channels
-        self.g.equal_blocks(x, groups)
+        self.g.equal_blocks(x, groups, "groups")
         space = self.produce(name, "conv", x, cout, ignored, out)
-        self.g.equal_blocks(Map([Seg(space, 0, cout, False)]), groups)
+        self.g.equal_blocks(Map([Seg(space, 0, cout, False)]), groups, "groups")
 
     def produce(self, name: str, kind: str, x: Map, width: int, ignored: bool, out) -> int:
         """A layer reading ``x`` and making ``width`` channels of a space of its own."""
@@ -474,7 +474,7 @@ class _Walk:
         if by_count and len(set(sizes)) == 1 and len(pieces) > 1:
             maps = self.g.refine(x, len(pieces))
             if maps is None:
-                self.g.equal_blocks(x, len(pieces))
+                self.g.equal_blocks(x, len(pieces), "chunk")
                 maps = [x.slice(i * sizes[0], (i + 1) * sizes[0]) for i in range(len(pieces))]
         else:
             if len(pieces) > 1:
@@ -502,8 +502,8 @@ class _Walk:
         c, i = x_t.shape[1], idx[1]
         if isinstance(i, slice):
             return None if i == slice(None) else list(range(c))[i]
-        if isinstance(i, torch.Tensor) and i.dtype == torch.bool:
-            i = i.nonzero().flatten()
+        if isinstance(i, torch.Tensor) and i.dtype == torch.bool:  # as long as the channels were
+            return i.nonzero().flatten().tolist() if len(i) == c else "a mask of another length"
         if isinstance(i, torch.Tensor):
             i = i.tolist()
         if isinstance(i, int):
@@ -511,6 +511,17 @@ class _Walk:
         if isinstance(i, (list, tuple)) and all(isinstance(v, int) for v in i):
             return [v % c for v in i]
         return "an index it does not know"
+
+    @staticmethod
+    def from_end(idx) -> bool:
+        """Whether the channel index counts from the end (``x[:, -4:]``) or is a mask: then it
+        names other channels once the tensor is narrower, and every channel is kept."""
+        i = idx[1] if isinstance(idx, tuple) and len(idx) > 1 else None
+        if isinstance(i, slice):
+            return any(v is not None and v < 0 for v in (i.start, i.stop))
+        if isinstance(i, torch.Tensor):
+            return i.dtype == torch.bool or bool((i < 0).any())
+        return isinstance(i, (list, tuple)) and any(isinstance(v, int) and v < 0 for v in i)
 
     def op_getitem(self, op, args, kwargs, out, inputs) -> None:
         x_t, idx = args[0], args[1]
@@ -523,17 +534,19 @@ class _Walk:
             return self.opaque(op, why, [x], out)
         if positions is None:
             return self.set(out, x)
-        self.pin_for_index(x, positions, x_t.shape[1], op)
+        self.pin_for_index(x, positions, x_t.shape[1], op, self.from_end(idx))
         self.set(out, x.take(positions))
 
-    def pin_for_index(self, x: Map, positions: list[int], c: int, op: str) -> None:
+    def pin_for_index(self, x: Map, positions: list[int], c: int, op: str,
+                      whole: bool = False) -> None:
         """Fixed indices must mean the same channels after the cut: every position before the
         last one read is kept; a slice that runs to the end moves with the cut (its start
-        must not)."""
+        must not); ``whole``: an index from the end, or a mask, keeps every channel."""
         if not positions:
             return
         run = positions == list(range(positions[0], positions[-1] + 1))
         stop = positions[0] if run and positions[-1] == c - 1 else max(positions) + 1
+        stop = c if whole else stop
         if stop:
             self.g.pin(x.slice(0, stop), f"{self.where()}: {op} of channels by fixed bounds")
 
@@ -548,7 +561,7 @@ class _Walk:
             return self.opaque(op, positions if isinstance(positions, str) else "flattened channels",
                                [m for _, m in inputs], None)
         positions = list(range(x_t.shape[1])) if positions is None else positions
-        self.pin_for_index(x, positions, x_t.shape[1], op)
+        self.pin_for_index(x, positions, x_t.shape[1], op, self.from_end(idx))
         v = self.get(value)
         if v is None or v.channels != len(positions):
             v = Map([Seg(self.g.new_space(len(positions), f"{self.where()}: written by {op}"), 0,
