@@ -259,7 +259,23 @@ class Picks(nn.Module):
         return self.c(torch.cat([y[:, [0, 2, 3, 5]], y[:, ::2]], 1)) + last
 
 
-PATTERNS = {"index-list-and-step": Picks, "csp-split": CSPSplit, "c2f-chunk-list": C2fNet,
+class Maxed(nn.Module):
+    """An element-wise max of two branches ties them, as a sum does; a one-slope PReLU keeps
+    zeros."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8))
+        self.b = cbr(8, 8)[:2]
+        self.act, self.c = nn.PReLU(), cbr(8, 6)
+
+    def forward(self, x):
+        y = self.act(self.a(x))
+        return self.c(torch.max(y, self.b(y)))
+
+
+PATTERNS = {"max-and-prelu": Maxed, "index-list-and-step": Picks, "csp-split": CSPSplit,
+            "c2f-chunk-list": C2fNet,
             "ghost-slice": GhostNet, "rexnet-slice": RexSlice, "transposed-decoder": Decoder,
             "grouped": Grouped,
             "shape-checks-functional": Checks, "nested-outputs": Nested}

@@ -38,12 +38,12 @@ ZERO_OPS = {"relu", "relu6", "silu", "gelu", "hardswish", "leaky_relu", "elu", "
             "dropout", "dropout2d", "feature_dropout", "adaptive_avg_pool2d", "adaptive_max_pool2d",
             "avg_pool2d", "max_pool2d", "interpolate", "upsample", "upsample_nearest2d",
             "upsample_bilinear2d", "pad", "contiguous", "clone", "float", "half", "bfloat16", "to",
-            "type", "detach", "neg", "abs", "hardtanh", "prelu", "sin", "tanhshrink", "softsign",
-            "square", "sqrt", "clamp_min", "pixel_unshuffle", "adaptive_avg_pool1d",
+            "type", "detach", "neg", "abs", "hardtanh", "sin", "tanhshrink", "softsign",
+            "square", "sqrt", "pixel_unshuffle", "adaptive_avg_pool1d",
             "avg_pool1d", "max_pool1d", "alpha_dropout", "cpu", "cuda", "type_as"}
 # ... and those that pass the channel but not its zero (sigmoid(0) = 0.5)
 PASS_OPS = {"sigmoid", "hardsigmoid", "softplus", "exp", "log_sigmoid", "selu", "celu", "add_scalar",
-            "clamp", "clip", "reciprocal", "log", "rsqrt", "pow"}
+            "clamp", "clip", "clamp_min", "reciprocal", "log", "rsqrt", "pow"}
 # Results about a tensor, not its values
 META_OPS = {"get", "size", "dim", "numel", "shape", "is_floating_point", "is_contiguous", "element_size",
             "stride", "data_ptr", "get_device", "is_complex", "storage_offset", "ndimension", "nelement",
@@ -169,11 +169,11 @@ class _Walk:
         self.maps: dict[int, tuple[torch.Tensor, Map]] = {}  # id -> (tensor kept alive, map)
         self.stack: list[str] = []
         self.whole = 0  # > 0 inside a module followed whole
-        self.owner: dict[int, tuple[str, nn.Module]] = {}
+        self.owner: dict[int, str] = {}  # id of a parameter or buffer -> its module's name
         for name, m in model.named_modules():
             for t in (*m._parameters.values(), *m._buffers.values()):
                 if t is not None:
-                    self.owner.setdefault(id(t), (name, m))
+                    self.owner.setdefault(id(t), name)
         self.seen: set[str] = set()
         self.blank = False  # an all-zero example: convolutions give zeros of their shape
 
@@ -290,6 +290,10 @@ class _Walk:
             self.combine(op, args, out, inputs)
         elif op in RESHAPE_OPS:
             self.reshape(op, args, kwargs, out, inputs)
+        elif op in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            self.combine("maximum", args, out, inputs)  # element-wise, of two tensors
+        elif op == "prelu" and _arg(args, kwargs, 1, "weight").numel() == 1:
+            self.set(out, inputs[0][1].with_gate(None))  # one slope for all channels: 0 -> 0
         elif op in REDUCE_OPS:
             self.reduce(op, out, inputs)
         elif op in SPLIT_OPS:
@@ -315,7 +319,7 @@ class _Walk:
         x = self.get(x_t)
         weight = _arg(args, kwargs, 3 if op == "batch_norm" else 1, "weight")
         probe = weight if weight is not None else _arg(args, kwargs, 1, "running_mean")
-        name, module = self.owner.get(id(probe), (None, None))
+        name = self.owner.get(id(probe))
         if name is not None:
             self.seen.add(name)
         if x is None:  # a layer of something untracked (a weight computed from parameters)
