@@ -1,3 +1,4 @@
+import copy
 import random
 import struct
 import zlib
@@ -41,6 +42,22 @@ def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.5) -> None
                 m.bias.copy_(torch.randn(n, generator=g) * 0.3)
                 m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
                 m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+
+
+def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
+    """A copy of ``model`` with gamma and beta zeroed where ``masks`` (BN name -> keep) cut:
+    what a pruned network must equal."""
+    z = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, keep in masks.items():
+            bn = z.get_submodule(name)
+            bn.weight[~keep] = 0
+            bn.bias[~keep] = 0
+    return z
+
+
+def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
 def random_cfg(arch: str, rng: random.Random, depth: int = 11, lo: int = 1, hi: int = 24) -> list:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import sparsity_shaped
+from conftest import rel_diff, sparsity_shaped, zeroed
 
 import slimming
 from slimming.measure.detection import average_precisions, box_iou, mean_average_precision
@@ -116,16 +116,10 @@ def test_the_worked_detector_is_pruned_exactly_with_its_head_whole(tmp_path):
     assert images.shape == (4, 3, det.SIZE, det.SIZE) and all(len(t["boxes"]) >= 1 for t in targets)
     result = slimming.prune(model, target_flops=0.6, ignore="head", compensate=False)
     assert result.budget["achieved"] <= 0.6 * result.budget["full"]
-    zeroed = det.TinyYOLO().eval()
-    zeroed.load_state_dict(model.state_dict())
     with torch.no_grad():
-        for name, keep in result.masks.items():
-            bn = zeroed.get_submodule(name)
-            bn.weight[~keep] = 0
-            bn.bias[~keep] = 0
-        a, b = result.model(images), zeroed(images)
+        a, b = result.model(images), zeroed(model, result.masks)(images)
     assert a.shape == b.shape == (4, 4 + len(det.CLASSES), 8 * 8 + 4 * 4)
-    assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4
+    assert rel_diff(a, b) < 1e-4
     for name, m in model.head.named_modules():  # the head is kept whole
         if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d)):
             assert result.model.head.get_submodule(name).weight.shape == m.weight.shape

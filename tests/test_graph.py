@@ -4,12 +4,11 @@ The core property, for every supported model: the pruned network's outputs equal
 original's with, for every pruned channel, gamma and beta zeroed in every BatchNorm of its
 group (eval mode), over random sparsity-shaped gammas and percents 0.1 to 0.9."""
 
-import copy
 import random
 
 import pytest
 import torch
-from conftest import random_cfg, randomize_bn, sparsity_shaped
+from conftest import random_cfg, randomize_bn, rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
@@ -23,20 +22,6 @@ torchvision = pytest.importorskip("torchvision")
 TORCHVISION = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "vgg11_bn", "densenet121",
                "efficientnet_b0", "regnet_x_400mf"]
 TIMM = ["resnet18", "efficientnet_b0"]
-
-
-def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
-    z = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, keep in masks.items():
-            bn = z.get_submodule(name)
-            bn.weight[~keep] = 0
-            bn.bias[~keep] = 0
-    return z
-
-
-def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
 def build(source: str, name: str) -> nn.Module:
