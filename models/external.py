@@ -26,9 +26,9 @@ import re
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, clip, first_line, is_out_of_memory
+from ..errors import clip, first_line, is_out_of_memory
 from ..utils.modules import set_tensor
-from .common import BN_STATE
+from .layers import is_layer, resize_layer
 
 LIBRARIES = ("torchvision", "timm")
 # what a checkpoint's kwargs may hold: plain JSON, small (a builder's options, not data)
@@ -215,58 +215,18 @@ def _empty_like(m: nn.Module, name: str, shape: tuple[int, ...], parameter: bool
 
 
 def resize_like(model: nn.Module, state_dict: dict, path: str = "checkpoint") -> None:
-    """Give every Conv2d, BatchNorm and Linear of ``model`` (built on the meta device) the
-    width its weights have in ``state_dict``, in place, so that ``load_state_dict`` fits. Only
-    widths change: kernel sizes, strides and the kind of a convolution stay as built."""
+    """Give every layer of ``model`` (built on the meta device) the width its tensors have in
+    ``state_dict``, in place, so that ``load_state_dict`` fits: each by the rule of its kind
+    (``slimming.models.layers``). Only widths change: kernel sizes, strides and the kind of a
+    convolution stay as built. Other modules' tensors (a layer scale, a blur filter) take the
+    state_dict's shape where it is only narrower, as a cut makes them."""
     for name, m in model.named_modules():
         prefix = f"{name}." if name else ""
-        if isinstance(m, nn.Conv2d):
-            w = state_dict.get(prefix + "weight")
-            if w is None or tuple(w.shape) == tuple(m.weight.shape):
-                continue
-            if tuple(w.shape[2:]) != tuple(m.weight.shape[2:]) or w.dim() != 4:
-                raise CheckpointError(f"{path}: {prefix}weight has shape {tuple(w.shape)}, not a "
-                                      f"{tuple(m.weight.shape[2:])} convolution's")
-            if m.groups > 1 and m.groups == m.in_channels == m.out_channels:
-                if w.shape[1] != 1:
-                    raise CheckpointError(f"{path}: {prefix}weight is not a depthwise kernel")
-                m.in_channels = m.out_channels = m.groups = w.shape[0]
-            elif w.shape[0] % m.groups:
-                raise CheckpointError(f"{path}: {prefix}weight: {w.shape[0]} output channels do not "
-                                      f"make {m.groups} equal groups")
-            else:  # a grouped convolution keeps its groups, each cut by the same count
-                m.out_channels, m.in_channels = w.shape[0], w.shape[1] * m.groups
-            _empty_like(m, "weight", tuple(w.shape), True)
-            _empty_like(m, "bias", (w.shape[0],), True)
-        elif isinstance(m, nn.ConvTranspose2d):
-            w = state_dict.get(prefix + "weight")
-            if w is None or tuple(w.shape) == tuple(m.weight.shape):
-                continue
-            if w.dim() != 4 or tuple(w.shape[2:]) != tuple(m.weight.shape[2:]) or m.groups != 1:
-                raise CheckpointError(f"{path}: {prefix}weight has shape {tuple(w.shape)}, not that "
-                                      "of a cut transposed convolution")
-            m.in_channels, m.out_channels = w.shape[0], w.shape[1]
-            _empty_like(m, "weight", tuple(w.shape), True)
-            _empty_like(m, "bias", (w.shape[1],), True)
-        elif type(m).__name__ == "FrozenBatchNorm2d":  # the BatchNorm tensors, all buffers
-            stats = state_dict.get(prefix + "running_mean")
-            if stats is None or stats.dim() != 1 or stats.numel() == m.running_mean.numel():
-                continue
-            for t in BN_STATE:
-                _empty_like(m, t, (stats.numel(),), False)
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            stats = state_dict.get(prefix + "running_mean", state_dict.get(prefix + "weight"))
-            if stats is None or stats.dim() != 1 or stats.numel() == m.num_features:
-                continue
-            m.num_features = stats.numel()
-            for t in BN_STATE:
-                _empty_like(m, t, (m.num_features,), t in ("weight", "bias"))
-        elif isinstance(m, nn.Linear):
-            w = state_dict.get(prefix + "weight")
-            if w is None or tuple(w.shape) == tuple(m.weight.shape):
-                continue
-            if w.dim() != 2:
-                raise CheckpointError(f"{path}: {prefix}weight is not a linear layer's")
-            m.out_features, m.in_features = w.shape
-            _empty_like(m, "weight", tuple(w.shape), True)
-            _empty_like(m, "bias", (w.shape[0],), True)
+        if is_layer(m):
+            resize_layer(m, state_dict, prefix, path)
+            continue
+        for key, t in (*m._parameters.items(), *m._buffers.items()):
+            new = state_dict.get(prefix + key)
+            if isinstance(t, torch.Tensor) and isinstance(new, torch.Tensor) and new.shape != t.shape \
+                    and new.dim() == t.dim() and all(a <= b for a, b in zip(new.shape, t.shape)):
+                _empty_like(m, key, tuple(new.shape), key in m._parameters)

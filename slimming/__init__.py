@@ -20,6 +20,7 @@ from .errors import CheckpointError, DataError, SlimmingError
 from .io.checkpoint import checkpoint_dict, load_checkpoint, load_model, save_checkpoint
 from .io.pruned import load_pruned, save_pruned
 from .measure.stats import count_flops, count_params, model_stats
+from .models.layers import LayerRule, register_layer
 from .pruning import importance
 from .pruning import prune as _prune_module
 from .pruning.prune import PruneResult, prune
@@ -63,8 +64,8 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 sys.meta_path.append(_OldPaths())
 sys.modules[__name__ + ".prune"] = _prune_module  # the name is the function; the module keeps its path
 
-__all__ = ["__version__", "BNSparsity", "importance", "CheckpointError", "DataError", "PruneResult",
-           "SlimmingError",
+__all__ = ["__version__", "BNSparsity", "importance", "CheckpointError", "DataError", "LayerRule",
+           "PruneResult", "SlimmingError", "register_layer",
            "add_l1_subgradient", "channel_masks", "checkpoint_dict", "count_flops", "count_params",
            "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prune",
            "save_checkpoint", "save_pruned"]

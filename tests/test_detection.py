@@ -120,9 +120,15 @@ def test_the_worked_detector_is_pruned_exactly_with_its_head_whole(tmp_path):
         a, b = result.model(images), zeroed(model, result.masks)(images)
     assert a.shape == b.shape == (4, 4 + len(det.CLASSES), 8 * 8 + 4 * 4)
     assert rel_diff(a, b) < 1e-4
-    for name, m in model.head.named_modules():  # the head is kept whole
-        if isinstance(m, (torch.nn.Conv2d, torch.nn.BatchNorm2d)):
-            assert result.model.head.get_submodule(name).weight.shape == m.weight.shape
+    neck_cut = False
+    for name, m in model.head.named_modules():  # the head keeps what it makes; what it reads is cut
+        if isinstance(m, torch.nn.Conv2d):
+            new = result.model.head.get_submodule(name)
+            assert new.out_channels == m.out_channels
+            neck_cut |= new.in_channels < m.in_channels
+        elif isinstance(m, torch.nn.BatchNorm2d):
+            assert result.masks[f"head.{name}"].all()
+    assert neck_cut  # the neck's outputs, read by the head, are slimmed too
     # the C2f pieces stay equal, so chunk(2) of the pruned tensor is still right
     half = result.masks["backbone.c2f2.cv1.1"].view(2, -1).sum(1)
     assert half[0] == half[1]

@@ -113,8 +113,12 @@ def test_ignore_keeps_a_modules_channels():
     result = slimming.prune(model, percent=0.6, example_inputs=torch.zeros(1, 3, 64, 64),
                             ignore=("layer1.0.conv1",))
     assert result.model.layer1[0].conv1.out_channels == 64 and result.masks["layer1.0.bn1"].all()
-    assert result.model.layer1[0].conv1.in_channels == 64  # it reads the stream: kept whole too
-    assert result.masks["layer1.0.bn2"].all() and not result.masks["layer2.0.bn1"].all()
+    # what it reads (the stream) is cut where it is made, as by any other reader
+    assert result.model.layer1[0].conv1.in_channels == int(result.masks["bn1"].sum()) < 64
+    whole = slimming.prune(model, percent=0.6, example_inputs=torch.zeros(1, 3, 64, 64),
+                           keep_whole=("layer1.0.conv1",))
+    assert whole.model.layer1[0].conv1.in_channels == 64  # keep_whole: what it reads is kept too
+    assert whole.masks["layer1.0.bn2"].all() and not whole.masks["layer2.0.bn1"].all()
 
 
 def test_the_classifier_and_the_input_keep_their_width():
@@ -146,18 +150,30 @@ class Rolled(nn.Module):
         return torch.roll(self.bn(self.conv(x)), 1, dims=1)
 
 
-@pytest.mark.parametrize("model,needle", [
-    (ChannelShuffle(), "view"),
-    (Rolled(), "roll"),
-    (lambda: torchvision.models.shufflenet_v2_x0_5(num_classes=10), "channel shuffle"),
-], ids=["shuffle", "roll", "shufflenet_v2"])
-def test_what_the_graph_cannot_follow_is_one_line_and_changes_nothing(model, needle):
-    model = model() if callable(model) and not isinstance(model, nn.Module) else model
+@pytest.mark.parametrize("model,needle", [(ChannelShuffle(), "view"), (Rolled(), "roll")],
+                         ids=["shuffle", "roll"])
+def test_where_nothing_can_be_cut_the_refusal_says_what_kept_it_and_changes_nothing(model, needle):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(GraphError) as e:
         slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 32, 32))
-    assert needle in str(e.value) and "\n" not in str(e.value)
+    assert needle in str(e.value) and "can be cut" in str(e.value) and "\n" not in str(e.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_an_op_it_cannot_follow_keeps_its_channels_and_the_rest_is_cut_exactly():
+    """ShuffleNetV2's channel shuffle: the shuffled channels are kept, named in one warning
+    line by module type; every other channel is cut, and the network is exact."""
+    model = torchvision.models.shufflenet_v2_x0_5(num_classes=10).eval()
+    sparsity_shaped(model, 2)
+    before = sum(p.numel() for p in model.parameters())
+    with pytest.warns(UserWarning, match=r"view \(a reshape .* channel shuffle.*\) in InvertedResidual") as w:
+        result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 32, 32),
+                                compensate=False)
+    assert len([x for x in w if "cannot follow" in str(x.message)]) == 1
+    assert sum(p.numel() for p in result.model.parameters()) < 0.9 * before
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
 
 
 def test_grouped_convolutions_are_cut_by_equal_counts_in_every_group():

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from slimming.models import layers
 
 import slimming
 
@@ -20,12 +21,25 @@ def test_there_are_python_examples():
 def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    rules, module_rules = dict(layers.RULES), dict(layers.MODULE_RULES)
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)
+    finally:  # a layer kind registered by an example stays in that example
+        layers.RULES.clear()
+        layers.RULES.update(rules)
+        layers.MODULE_RULES.clear()
+        layers.MODULE_RULES.update(module_rules)
+    if "register_layer" in code:  # a layer kind of your own: DeformConv2d cut as a convolution
+        small = namespace["small"]
+        assert small.dc.weight.shape == (small.dc.out_channels, small.stem[0].out_channels, 3, 3)
+        return
     if "class Detector" in code:  # your own detector in your own loop, its head kept whole
         small, again = namespace["small"], namespace["again"]
         result = namespace["result"]
         assert result.budget["achieved"] <= 0.6 * result.budget["full"]
-        assert small.head[1].out_channels == 7 and small.head[0][0].weight.shape == (32, 32, 3, 3)
+        # the head keeps its own widths; the neck that feeds it is slimmed like the rest
+        assert small.head[1].out_channels == 7 and small.head[0][0].out_channels == 32
+        assert small.head[0][0].in_channels == small.backbone[3].cv2[0].out_channels < 32
         assert (tmp_path / "detector.pth").exists()
         x = torch.randn(2, 3, 64, 64)
         with torch.no_grad():
@@ -44,8 +58,11 @@ def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
     if "save_pruned" in code:  # the user's own class, without its code
         assert (tmp_path / "small.pth").exists()
         assert namespace["again"].layer1[0].conv1.out_channels < 64
-        assert namespace["again"].fc.in_features == 512  # ignore="fc" kept its input channels
+        again = namespace["again"]  # ignore="fc": its outputs kept, the features it reads cut
+        assert again.fc.out_features == 10 and again.fc.in_features == again.layer4[1].bn2.num_features < 512
     elif "example_inputs" in code:  # any module, pruned through its graph
         result = namespace["result"]
-        assert result.model.classifier[1].in_features == namespace["model"].classifier[1].in_features
+        classifier = result.model.classifier[1]  # ignored: keeps its outputs, reads the cut features
+        assert classifier.out_features == 10
+        assert classifier.in_features == result.model.features[18][1].num_features
         assert not result.masks["features.2.conv.0.1"].all()

@@ -309,18 +309,28 @@ def test_a_transposed_convolution_is_cut_on_both_sides():
     assert up.out_channels == int(result.masks["up.1"].sum()) < 16
 
 
-def test_the_head_kept_by_ignore_keeps_every_channel_and_its_decoding_runs():
+def test_ignore_keeps_what_a_head_makes_and_keep_whole_what_it_reads_too():
     torch.manual_seed(0)
     model = Detector()
     x = torch.randn(2, 3, 32, 32)
     # the decoding works on the outputs' channels, which are kept: followed as opaque
     free = check_exact(model, x)
     assert free.model.head.cv[0][0][0].out_channels < 16
+    # ignore=: the head's own widths stay; the features it reads are cut where they are made
     result = check_exact(model, x, ignore="head")
     for name, m in model.head.named_modules():
+        new = result.model.head.get_submodule(name)
+        if isinstance(m, nn.Conv2d):
+            assert new.out_channels == m.out_channels, name
+        elif isinstance(m, nn.BatchNorm2d):
+            assert new.weight.shape == m.weight.shape, name
+    assert result.model.head.cv[0][0][0].in_channels < 16 and result.model.p4[1][0].out_channels < 24
+    # keep_whole=: every tensor of the head as it was, what it reads included
+    whole = check_exact(model, x, keep_whole="head")
+    for name, m in model.head.named_modules():
         if isinstance(m, (nn.Conv2d, nn.BatchNorm2d)):
-            assert result.model.head.get_submodule(name).weight.shape == m.weight.shape, name
-    assert result.model.p4[0][0].out_channels < 24 and result.model.p4[1][0].out_channels == 24
+            assert whole.model.head.get_submodule(name).weight.shape == m.weight.shape, name
+    assert whole.model.p4[0][0].out_channels < 24 and whole.model.p4[1][0].out_channels == 24
 
 
 def test_frozen_batchnorms_are_followed_but_not_scored():

@@ -149,6 +149,7 @@ def shape_options(args) -> dict:
     """What every cut respects (``slimming.prune``'s keywords), from the flags."""
     return {"min_channels": args.min_channels, "round_to": args.round_to,
             "max_layer_prune": args.max_layer_prune, "compensate": args.compensate,
+            "verify": getattr(args, "verify", True),
             "importance": get_importance(getattr(args, "importance", "bn-max"))}
 
 
@@ -193,6 +194,9 @@ def cmd_prune(args) -> None:
         print(f"widths of {changed} of {len(table)} BatchNorm layers changed (the file's cfg)")
     else:
         print(f"cfg {result.cfg}")
+    if result.verified is not None:
+        print(f"checked: equals the original with the cut channels zeroed (largest relative "
+              f"difference {result.verified:.2g} on a random input), before compensation")
     if result.compensation.get("applied"):
         c = result.compensation
         print(f"compensation: the constant outputs of {c['folded']} cut channel inputs folded into "

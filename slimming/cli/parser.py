@@ -234,6 +234,9 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
     g.add_argument("--no-compensate", dest="compensate", action="store_false",
                    help="the paper's cut: drop the constant a cut channel still emits instead of "
                    "folding it into the next layer")
+    g.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="skip the check that the pruned network equals the original with the cut "
+                   "channels zeroed (two forwards on a random input)")
     g.add_argument("--recalibrate-bn", type=count, default=recalibrate, metavar="N",
                    help="after the cut, re-estimate every BatchNorm's statistics on N training "
                    "batches (needs the data; 0 = off)")

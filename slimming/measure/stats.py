@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..utils.modules import modes_kept
+
 DEFAULT_INPUT_SIZE = (3, 32, 32)  # CIFAR's: what a network that does not say its own is measured at
 
 
@@ -35,8 +37,8 @@ def _device(model: nn.Module) -> torch.device:
 @torch.inference_mode()
 def count_flops(model: nn.Module, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE) -> int:
     """FLOPs of one forward pass of a single image of ``input_size`` (C, H, W)."""
-    model.eval()
-    with FlopCounterMode(display=False) as counter:
+    with modes_kept(model), FlopCounterMode(display=False) as counter:
+        model.eval()
         model(torch.zeros(1, *input_size, device=_device(model)))
     return int(counter.get_total_flops())
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, clip
+from ..models.layers import RULES
 
 
 class GraphError(SlimmingError):
@@ -91,13 +92,30 @@ class Map:
 
 @dataclass
 class Use:
-    """A module that must be cut with the channels of ``map``: ``kind`` says how (``conv_in``,
-    ``conv_out``, ``depthwise``, ``bn``, ``frozen_bn``, ``linear_in``, ``linear_out``,
-    ``convt_in``, ``convt_out``)."""
+    """A module that must be cut with the channels of ``map``: ``kind`` is its layer kind
+    (``slimming.models.layers.RULES``) and its side: ``conv_in`` (the channels it reads),
+    ``conv_out`` (those it makes), or the kind alone for channels it carries (``bn``,
+    ``depthwise``, ``frozen_bn``, ``scale``: a per-channel parameter). ``attrs``: which of its
+    tensors played which part (``weight``: ``"weight"``, or a buffer such as a blur filter's
+    ``"filt"``), so those are the ones cut."""
 
     module: str
     kind: str
     map: Map
+    attrs: dict[str, str] = field(default_factory=dict)
+    groups: int = 1  # a grouped convolution's groups; for a ``scale``, the dim of its channels
+
+
+@dataclass
+class Kept:
+    """An op the trace could not follow channel by channel: the channels it read (``maps``)
+    are kept. ``kind``: the type of the module it ran in, ``module`` its name."""
+
+    kind: str
+    module: str
+    op: str
+    what: str
+    maps: list[Map]
 
 
 @dataclass
@@ -113,6 +131,14 @@ class Group:
     reason: str = ""
     pinned: torch.Tensor | None = None
     frozen: list[str] = field(default_factory=list)  # FrozenBatchNorm2d names (not scored)
+    reasons: list[str] = field(default_factory=list)  # every reason a position is kept
+
+    def __repr__(self) -> str:
+        pinned = 0 if self.pinned is None else int(self.pinned.sum())
+        names = sorted({b[0] for b in self.bns})
+        shown = ", ".join(names[:3]) + (f", ... ({len(names)})" if len(names) > 3 else "")
+        state = "prunable" if self.prunable else f"kept: {self.reason}"
+        return f"Group({self.size} channels, {pinned} pinned, BatchNorms [{shown}], {state})"
 
     def free(self) -> torch.Tensor:
         """The positions selection may cut (bool, ``size``)."""
@@ -142,8 +168,54 @@ class ChannelGraph:
         # "chunk" (the pieces of one tensor) or "groups" (a grouped convolution's groups)
         self.equal: list[tuple[str, list[list[Seg]]]] = []
         self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
+        self.kept: list[Kept] = []  # ops that kept the channels they read
+        self.frames: dict[str, list[Map]] = {}  # module -> the maps its own forward's ops made
+        self.borders: dict[str, list[Map]] = {}  # module -> the maps of its inputs and outputs
         self.bn_order = {name: i for i, (name, m) in enumerate(model.named_modules())
                          if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+
+    def __repr__(self) -> str:
+        groups = self.groups()
+        free = sum(int(g.free().sum()) for g in groups if g.prunable)
+        return (f"ChannelGraph({len(groups)} groups, {sum(g.prunable for g in groups)} prunable, "
+                f"{free} of {sum(g.size for g in groups)} channels free, {len(self.uses)} layer uses, "
+                f"{len(self.kept)} ops kept whole)")
+
+    def copy(self) -> ChannelGraph:
+        """A copy to go on building (the model is shared, the bookkeeping is not)."""
+        new = ChannelGraph.__new__(ChannelGraph)
+        new.__dict__ = {k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in self.__dict__.items()}
+        new.frames = {k: list(v) for k, v in self.frames.items()}
+        new.borders = {k: list(v) for k, v in self.borders.items()}
+        return new
+
+    def kept_summary(self, limit: int = 6) -> str:
+        """One line: by module type, the ops that kept channels a BatchNorm scores (and how
+        many such channels, each counted once); empty when none did."""
+        scored = set()
+        for use in self.uses:
+            if use.kind in RULES and RULES[use.kind].scores and "weight" in use.attrs:
+                scored |= {self.find(s.space) for s in self.resolve(use.map).segs}
+        rows: dict[tuple[str, str, str], tuple[set[str], dict[int, torch.Tensor]]] = {}
+        for k in self.kept:
+            modules, cover = rows.setdefault((k.kind, k.op, k.what), (set(), {}))
+            for m in k.maps:
+                for s in self.resolve(m).segs:
+                    r = self.find(s.space)
+                    if r in scored:
+                        got = cover.setdefault(r, torch.zeros(self.sizes[r], dtype=torch.bool))
+                        got[s.start:s.start + s.length] = True
+                        modules.add(k.module)
+        counts = [(int(sum(c.sum() for c in cover.values())), key, modules)
+                  for key, (modules, cover) in rows.items()]
+        counts = sorted((c for c in counts if c[0]), key=lambda c: -c[0])
+        parts = []
+        for n, (kind, op, what), modules in counts[:limit]:
+            names = sorted(modules)
+            where = ", ".join(names[:2]) + (f", ... ({len(names)} modules)" if len(names) > 2 else "")
+            parts.append(f"{op} ({what}) in {kind} [{where}] kept {n}")
+        more = f"; and {len(counts) - limit} more" if len(counts) > limit else ""
+        return "; ".join(parts) + more
 
     # union-find over spaces
     def new_space(self, size: int, lock: str = "") -> int:
@@ -252,7 +324,7 @@ class ChannelGraph:
                 continue
             r = self.find(s)
             by_root.setdefault(r, Group(self.sizes[r], [])).spaces.append(s)
-        reasons: dict[int, str] = {}
+        reasons: dict[int, dict[str, None]] = {}
 
         def pin(seg: Seg, why: str) -> None:
             for s in self.resolve(Map([seg])).segs:
@@ -261,22 +333,24 @@ class ChannelGraph:
                 if g.pinned is None:
                     g.pinned = torch.zeros(g.size, dtype=torch.bool)
                 g.pinned[s.start:s.start + s.length] = True
-                reasons.setdefault(r, why)
+                reasons.setdefault(r, {})[why] = None
 
         for seg, why in self.pins:
             pin(seg, why)
         readers = []
         for use in self.uses:
             m = self.resolve(use.map)
-            if use.kind == "bn":
+            if use.kind in RULES and RULES[use.kind].scores:
                 pos = 0
                 for seg in m.segs:
-                    by_root[self.find(seg.space)].bns.append((use.module, pos, seg.start, seg.length))
+                    bns = by_root[self.find(seg.space)].bns
+                    if (use.module, pos, seg.start, seg.length) not in bns:  # a BN called twice
+                        bns.append((use.module, pos, seg.start, seg.length))
                     pos += seg.length
             elif use.kind == "frozen_bn":
                 for seg in m.segs:
                     by_root[self.find(seg.space)].frozen.append(use.module)
-            elif use.kind in ("conv_in", "linear_in", "convt_in"):
+            elif use.kind.endswith("_in"):
                 readers.append((use.module, m))
         for g in by_root.values():
             affine = [b for b in g.bns if getattr(self.model.get_submodule(b[0]), "weight", None)
@@ -290,8 +364,9 @@ class ChannelGraph:
                 if not seg.gated:
                     pin(seg, f"{name} reads it before any BatchNorm")
         for r, g in by_root.items():
+            g.reasons = list(reasons.get(r, ()))
             if g.pinned is not None and bool(g.pinned.all()):
-                g.prunable, g.reason = False, reasons[r]
+                g.prunable, g.reason = False, g.reasons[0]
         groups = list(by_root.values())
         groups.sort(key=lambda g: min((self.bn_order.get(b[0], 1 << 30) for b in g.bns),
                                       default=1 << 30))

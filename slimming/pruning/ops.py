@@ -21,7 +21,9 @@ ZERO_OPS = {"relu", "relu6", "silu", "gelu", "hardswish", "leaky_relu", "elu", "
             "upsample_bilinear2d", "pad", "contiguous", "clone", "float", "half", "bfloat16", "to",
             "type", "detach", "neg", "abs", "hardtanh", "sin", "tanhshrink", "softsign",
             "square", "sqrt", "pixel_unshuffle", "adaptive_avg_pool1d",
-            "avg_pool1d", "max_pool1d", "alpha_dropout", "cpu", "cuda", "type_as"}
+            "avg_pool1d", "max_pool1d", "alpha_dropout", "cpu", "cuda", "type_as", "data",
+            "adaptive_avg_pool3d", "adaptive_max_pool3d", "avg_pool3d", "max_pool3d",
+            "adaptive_max_pool1d", "dropout3d", "dropout1d", "upsample_nearest3d", "contiguous_format"}
 # ... and those that pass the channel but not its zero (sigmoid(0) = 0.5)
 PASS_OPS = {"sigmoid", "hardsigmoid", "softplus", "exp", "log_sigmoid", "selu", "celu", "add_scalar",
             "clamp", "clip", "clamp_min", "reciprocal", "log", "rsqrt", "pow"}
@@ -29,20 +31,34 @@ PASS_OPS = {"sigmoid", "hardsigmoid", "softplus", "exp", "log_sigmoid", "selu", 
 META_OPS = {"get", "size", "dim", "numel", "shape", "is_floating_point", "is_contiguous", "element_size",
             "stride", "data_ptr", "get_device", "is_complex", "storage_offset", "ndimension", "nelement",
             "has_names", "names", "dtype", "device", "is_cuda", "layout", "requires_grad_", "len",
-            "format", "repr", "hash"}
+            "format", "repr", "hash", "ndim", "grad_fn", "is_leaf", "grad", "is_sparse", "is_meta",
+            "is_quantized", "itemsize", "nbytes", "requires_grad", "is_mkldnn", "output_nr"}
 VALUE_OPS = {"item", "tolist", "bool", "float", "int"}  # a tensor's values, read by Python
 CONSTANT_OPS = {"new_zeros", "new_ones", "new_full", "new_empty", "new_tensor"}  # shape only
 SUM_OPS = {"add", "sub", "maximum", "minimum", "fmax", "fmin"}
 PRODUCT_OPS = {"mul", "multiply"}
 RESHAPE_OPS = {"view", "reshape", "flatten", "squeeze", "unsqueeze", "permute", "transpose",
-               "view_as", "reshape_as", "expand", "expand_as", "movedim", "swapaxes", "mT"}
+               "view_as", "reshape_as", "expand", "expand_as", "movedim", "swapaxes", "mT", "T", "mH"}
+# Element-wise ops whose arguments decide whether a zero stays zero (hardtanh(x, 0.1, 2.0) does
+# not, clamp_min(x, 0) does): the trace runs them on a zero to know
+ELEMENTWISE = {"hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "threshold", "leaky_relu", "elu",
+               "celu", "selu", "softplus", "relu6", "hardswish", "gelu", "silu", "mish", "tanh",
+               "sigmoid", "hardsigmoid", "exp", "log_sigmoid", "reciprocal", "log", "rsqrt", "pow",
+               "abs", "neg", "sqrt", "square", "sin", "tanhshrink", "softsign", "nan_to_num", "relu",
+               "add_scalar", "erf", "cos", "sign", "round", "floor", "ceil", "trunc", "frac",
+               "logit", "expm1", "log1p", "sinh", "asinh", "atan", "tan", "rrelu", "hardshrink",
+               "softshrink", "fill"}
 REDUCE_OPS = {"mean", "sum", "amax", "amin", "max", "min", "std", "var", "norm", "logsumexp", "prod"}
 SPLIT_OPS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes", "hsplit"}
 
 
 def op_name(func) -> str:
-    """``Tensor.__radd__`` -> ``add``, ``relu_`` -> ``relu``, ``_max_pool2d`` -> ``max_pool2d``."""
-    name = getattr(func, "__name__", str(func)).strip("_")
+    """``Tensor.__radd__`` -> ``add``, ``relu_`` -> ``relu``, ``_max_pool2d`` -> ``max_pool2d``,
+    a property (``Tensor.data.__get__``) -> its name (``data``)."""
+    name = getattr(func, "__name__", str(func))
+    if name == "__get__":
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    name = name.strip("_")
     for prefix in ("r", "i"):
         if name.startswith(prefix) and name[1:] in SUM_OPS | PRODUCT_OPS | {"truediv", "div"}:
             return name[1:]
@@ -54,6 +70,51 @@ def arg(args, kwargs, i: int, key: str, default=None):
     if key in kwargs:
         return kwargs[key]
     return args[i] if len(args) > i else default
+
+
+_AUGMENTED = {"add", "sub", "mul", "truediv", "floordiv", "pow", "and", "or", "xor", "mod"}
+
+
+def in_place(func, args, kwargs, out) -> bool:
+    """Whether ``func`` wrote into its first argument (``add_``, ``copy_``, ``__setitem__``,
+    ``x += y``, ``F.relu(x, inplace=True)``)."""
+    name = getattr(func, "__name__", "")
+    first = args[0] if args else None
+    return (name == "__setitem__" or (name.endswith("_") and not name.startswith("_"))
+            or (name.startswith("__i") and name[3:-2] in _AUGMENTED)
+            or (isinstance(first, torch.Tensor) and out is first) or bool(kwargs.get("inplace")))
+
+
+def keeps_zero(func, args, kwargs, x: torch.Tensor) -> bool:
+    """Whether the element-wise ``func`` with these arguments maps 0 to 0 (run on a zero)."""
+    zero = torch.zeros(1, dtype=x.dtype, device=x.device)
+    rest = [a if not isinstance(a, torch.Tensor) or a is not x else zero for a in args[1:]]
+    kw = {k: v for k, v in kwargs.items() if k not in ("inplace", "out")}
+    try:
+        got = func(zero, *rest, **kw)
+    except Exception:  # noqa: BLE001 (arguments it cannot repeat: zeros are not assumed kept)
+        return False
+    return isinstance(got, torch.Tensor) and not bool(got.any())
+
+
+def leaves(value, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]:
+    """The tensors in a model's output, whatever holds them: lists, tuples, dicts, dataclasses
+    and other objects' attributes (a detector's result object), each object looked into once."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    seen = set() if seen is None else seen
+    if depth > 8 or id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None))):
+        return []
+    seen.add(id(value))
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = list(value)
+    elif isinstance(value, dict):
+        items = list(value.values())
+    elif isinstance(value, torch.nn.Module) or not hasattr(value, "__dict__"):
+        return []
+    else:
+        items = list(vars(value).values())
+    return [t for v in items for t in leaves(v, depth + 1, seen)]
 
 
 def tensors(value) -> list[torch.Tensor]:
@@ -80,7 +141,7 @@ class ChannelOps:
         if not isinstance(out, torch.Tensor) or out.dim() < 2:
             return self.opaque(op, "a result without channels", maps, out)
         c = out.shape[1]
-        full, broadcast = [], False
+        full, broadcast, scales = [], False, []
         for a in args[:2]:
             m = self.get(a)
             if m is not None:
@@ -94,7 +155,11 @@ class ChannelOps:
             elif isinstance(a, torch.Tensor):
                 lead = a.dim() - out.dim() + 1
                 if lead >= 0 and a.shape[lead] == c > 1:
-                    return self.opaque(op, "an op with a parameter or buffer over the channels", maps, out)
+                    scale = self.channel_tensor(a, c)  # a layer scale: cut with its channels
+                    if scale is None:
+                        return self.opaque(op, "an op with a tensor over the channels that is no "
+                                           "module's per-channel parameter or buffer", maps, out)
+                    scales.append(scale)
                 broadcast = True
             elif isinstance(a, (int, float)):
                 broadcast = broadcast or op in SUM_OPS
@@ -104,6 +169,8 @@ class ChannelOps:
         for m in full[1:]:
             result = self.g.tie(result, m, f"{self.where()}: {op} of channels it cannot pair one by one",
                                 product=op in PRODUCT_OPS)
+        for module, attr, dim in scales:
+            self.scale(module, attr, dim, result)
         gated = None if not broadcast or op in PRODUCT_OPS or op == "div" else False
         self.set(out, result.with_gate(gated))
 
@@ -121,8 +188,16 @@ class ChannelOps:
             return self.set(out, x)
         if len(before) > 2 and len(after) == 2 and after[0] == before[0] and x.factor == 1:
             return self.set(out, Map(x.segs, x.factor * math.prod(before[2:])))
-        self.opaque(op, f"a reshape from {before} to {after} that moves the channels (a channel shuffle?)",
-                    [x], out)
+        # Kept, not followed: channels split into (groups, per-group channels). Attention's
+        # (N, C, H, W) -> (N, heads, C / heads, H * W) needs a map over two channel dims, equal
+        # counts in every head, and queries, keys and values cut apart where the module splits
+        # them by sizes it keeps in attributes (key_dim, head_dim); a channel shuffle's view,
+        # transpose, view needs a channel permutation. Neither fits a map over one channel dim.
+        split = len(after) > len(before) and len(after) >= 3 and after[0] == before[0] \
+            and after[1] * after[2] == before[1]
+        what = "a reshape that splits the channels into groups (attention heads, a channel shuffle)" \
+            if split else "a reshape that moves the channels"
+        self.opaque(op, f"{what}: {before} to {after}", [x], out)
 
     def reduce(self, op: str, out, inputs) -> None:
         x_t, x = inputs[0]
@@ -269,7 +344,9 @@ class ChannelOps:
             return self.opaque(op, positions if isinstance(positions, str) else "flattened channels",
                                [m for _, m in inputs], None)
         positions = list(range(x_t.shape[1])) if positions is None else positions
-        self.pin_for_index(x, positions, x_t.shape[1], op, self.from_end(idx))
+        # what is written keeps its place and its width: kept, with every channel before it
+        self.g.pin(x.slice(0, max(positions) + 1) if not self.from_end(idx) else x,
+                   f"{self.where()}: {op} into channels by fixed bounds")
         v = self.get(value)
         if v is None or v.channels != len(positions):
             v = Map([Seg(self.g.new_space(len(positions), f"{self.where()}: written by {op}"), 0,

@@ -18,6 +18,7 @@ still gave into the layers that read them.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,12 +28,13 @@ from torch import nn
 from .. import models
 from ..errors import SlimmingError
 from ..models.common import BN_STATE
-from ..utils.modules import keep_slices, unwrap
+from ..utils.modules import keep_slices, modes_kept, unwrap
 from . import budget, repair, surgery
-from .graph import Group
+from .graph import GraphError, Group
 from .importance import DEFAULT, Importance, get_importance
 from .select import equalize, scaled_prunable_bns, select
-from .trace import trace
+from .trace import as_inputs, trace
+from .verify import check
 
 
 def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -137,6 +139,8 @@ class PruneResult:
     masks: dict[str, torch.Tensor] = field(default_factory=dict)  # BN name -> keep-mask
     layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
+    verified: float | None = None  # the check's largest relative difference (None: not checked)
+    widths: list = field(default_factory=list)  # (module, attribute, old, new) integer widths set
     budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
 
     def __post_init__(self):
@@ -160,7 +164,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           example_inputs: torch.Tensor | None = None, ignore=(),
           surgery: str = "auto", target_flops: float | None = None,
           target_params: float | None = None, round_to: int = 1, max_layer_prune: float = 1.0,
-          compensate: bool = True) -> PruneResult:
+          compensate: bool = True, keep_whole=(), verify: bool = True) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
     How many channels go, one of:
@@ -176,12 +180,19 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
     pre-activation ResNet, DenseNet, yours) is cut by its own surgery, as the paper does; any
     other network (or any, with ``surgery="graph"``) is traced on ``example_inputs`` (default:
-    one image of ``default_example``'s size) and cut along its channel graph, keeping whole the
-    modules in ``ignore``: names (a name keeps what is inside it too: ``"head"``) and module
-    types (``nn.Linear``, your head's class). ``compensate`` (default) folds the constant output
-    a cut channel still had (its activation of beta) into the layers that read it
-    (``slimming.pruning.repair``); False gives the paper's network exactly. The original model
-    is left untouched; the new one is on the same device and in the same train/eval mode.
+    one image of ``default_example``'s size; a tuple for a forward of several inputs) and cut
+    along its channel graph. ``ignore``: modules that keep the channels they make (and their
+    inner widths) while the channels they read are cut where their producers are, as a detector
+    keeps its head; ``keep_whole``: modules kept whole, what they read included. Both take names
+    (a name keeps what is inside it too: ``"head"``) and module types (``nn.Linear``, your
+    head's class). ``verify`` (default) runs the pruned network and the original with the cut
+    channels' gamma and beta zeroed on one random input of the example's shape, before any
+    compensation, and raises GraphError naming the first module whose outputs differ (the
+    largest relative difference is in ``result.verified``). ``compensate`` (default) folds the
+    constant output a cut channel still had (its activation of beta) into the layers that read
+    it (``slimming.pruning.repair``); False gives the paper's network exactly. The original
+    model is left untouched (every module's train/eval flag too); the new one is on the same
+    device, each module in the mode it had.
     """
     model = unwrap(model)
     importance = get_importance(importance) if isinstance(importance, str) else importance or DEFAULT
@@ -193,23 +204,48 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         raise SlimmingError("give exactly one of percent, threshold, target_flops and target_params",
                             param=("percent", "threshold", "target_flops", "target_params"))
     example = default_example(model) if example_inputs is None else example_inputs
-    if surgery == "graph" or models.family(getattr(model, "arch", None)) is None:
-        plan = _traced_plan(model, importance, example, ignore)
-    else:
-        plan = _family_plan(model, importance)
-    limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
-    if target_flops is not None or target_params is not None:
-        result = budget.search(model, plan, example, target_flops, target_params, limits)
-    else:
-        masks, threshold, guarded = select(plan.scores, percent, threshold, **limits)
-        result = plan.build(masks, threshold, guarded)
-    if compensate:
-        result.compensation = repair.compensate(model, result, example)
+    with modes_kept(model):
+        if surgery == "graph" or models.family(getattr(model, "arch", None)) is None:
+            plan = _traced_plan(model, importance, example, ignore, keep_whole)
+        else:
+            plan = _family_plan(model, importance)
+        limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
+        if target_flops is not None or target_params is not None:
+            if len(as_inputs(example)) != 1:
+                raise SlimmingError("a FLOPs or parameter budget needs a model of one input; give "
+                                    "percent or threshold", param=("target_flops", "target_params"))
+            result = budget.search(model, plan, example, target_flops, target_params, limits)
+        else:
+            masks, threshold, guarded = select(plan.scores, percent, threshold, **limits)
+            result = plan.build(masks, threshold, guarded)
+        if verify:
+            result.verified = _checked(model, result, example)
+        if compensate:
+            result.compensation = repair.compensate(model, result, example)
     return result
 
 
+def _checked(model: nn.Module, result: PruneResult, example) -> float:
+    """``verify.check``; where it fails and integer widths were set, once more with them as they
+    were (the forward reads them as fixed sizes, not as the widths they matched)."""
+    try:
+        return check(model, result, example)
+    except GraphError:
+        if not result.widths:
+            raise
+    for name, attr, old, _ in result.widths:
+        setattr(result.model.get_submodule(name), attr, old)
+    names = ", ".join(f"{name}.{attr}" if name else attr for name, attr, _, _ in result.widths)
+    result.widths = []
+    verified = check(model, result, example)
+    warnings.warn(f"integer attribute(s) left as they were, since the forward reads them as fixed sizes: "
+                  f"{names}", stacklevel=3)
+    return verified
+
+
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [(name, bn) for name, bn in model.named_modules() if isinstance(bn, nn.BatchNorm2d)]
+    return [(name, bn) for name, bn in model.named_modules()
+            if isinstance(bn, nn.modules.batchnorm._BatchNorm)]
 
 
 @dataclass
@@ -243,16 +279,18 @@ def _family_plan(model: nn.Module, importance: Importance) -> Plan:
     return Plan(scores, build)
 
 
-def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor, ignore) -> Plan:
+def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_whole=()) -> Plan:
     """Any network: trace its channel graph once, score the free channels of each prunable
     group; ``build`` puts the pinned channels back, evens out the equal-count blocks (grouped
     convolutions, chunks) and cuts a copy along the graph."""
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
                             "slimming scores channels by their BatchNorm scale factors)")
-    graph = trace(model, example, ignore)
+    graph = trace(model, example, ignore, keep_whole)
     everything = graph.groups()
     groups = [g for g in everything if g.prunable]
+    if not groups:
+        raise GraphError(nothing_to_cut(model, everything))
     scores = [importance(model, g).float().cpu() for g in groups]
     blocks = graph.blocks()
     bns = _bn_names(model)
@@ -266,7 +304,8 @@ def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor
             ranks[r][free] = score[free]
         equalize(roots, ranks, blocks)
         plan = surgery.plan(graph, roots)
-        new = surgery.cut(model, plan)
+        new = surgery.cut(model, plan, graph)
+        widths = surgery.update_widths(new, graph, roots)
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
                     for name, bn in bns]
         cfg = {name: int(m.sum()) for (name, _), m in zip(bns, cfg_mask)}
@@ -274,6 +313,19 @@ def _traced_plan(model: nn.Module, importance: Importance, example: torch.Tensor
         layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
                   if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
-                           [groups[i].bns[0][0] for i in guarded], layers=layers)
+                           [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths)
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build)
+
+
+def nothing_to_cut(model: nn.Module, groups: list[Group]) -> str:
+    """Why no channel of ``model`` can be cut: the reasons that kept its scored groups whole,
+    the most common first."""
+    counts: dict[str, int] = {}
+    for g in groups:
+        if g.bns:
+            for why in g.reasons[:1]:
+                counts[why] = counts.get(why, 0) + g.size
+    reasons = sorted(counts, key=lambda w: -counts[w])
+    said = "; ".join(f"{w} ({counts[w]} channels)" for w in reasons[:3]) or "no BatchNorm scores any channel"
+    return f"no channel of {type(model).__name__} can be cut: {said}"

@@ -36,6 +36,9 @@ from torch import nn
 
 from ..errors import SlimmingError
 from ..utils.devices import full_precision
+from ..utils.modules import modes_kept
+from .ops import leaves
+from .trace import as_inputs
 
 _BN = nn.modules.batchnorm._BatchNorm
 
@@ -55,8 +58,7 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     summary = {"layers": 0, "folded": 0, "unfolded": 0, "applied": False}
     if not readers:
         return summary
-    probe = torch.randn(probes, *example.shape[1:], generator=torch.Generator().manual_seed(0))
-    probe = probe.to(example.device, example.dtype)
+    probe = probe_like(example, probes)
     seen, reference = _reference_inputs(original, result.masks, readers, probe)
     pruned = result.model
     following = _batchnorm_after(pruned, readers, example)
@@ -98,13 +100,26 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     return summary
 
 
-def _run(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``model(x)`` in eval mode, the mode restored after."""
-    was_training = model.training
-    try:
-        return model.eval()(x).float()
-    finally:
-        model.train(was_training)
+def probe_like(example, count: int) -> tuple:
+    """``count`` random images in place of each input tensor of ``example`` (its batch size
+    replaced), the other inputs as they are."""
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(count, *t.shape[1:], generator=gen).to(t.device, t.dtype)
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                 for t in as_inputs(example))
+
+
+def _outputs(out) -> torch.Tensor:
+    """Every floating tensor of a model's output (a tuple, a dict, a detector's result object),
+    flattened into one vector."""
+    parts = [t.detach().float().flatten() for t in leaves(out) if t.is_floating_point()]
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _run(model: nn.Module, x: tuple) -> torch.Tensor:
+    """``model(*x)``'s outputs in eval mode, every module's mode restored after."""
+    with modes_kept(model):
+        return _outputs(model.eval()(*x))
 
 
 def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -128,7 +143,6 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple
     """What each reader receives from the original with the cut channels' gamma at zero, on
     the probe images, and that network's output (the gammas are restored, whatever happens)."""
     seen, hooks, saved = {}, [], []
-    was_training = original.training
     try:
         for name, keep in masks.items():
             bn = original.get_submodule(name)
@@ -138,13 +152,12 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple
         for name in readers:
             hooks.append(original.get_submodule(name).register_forward_hook(
                 lambda m, args, out, name=name: seen.__setitem__(name, args[0].detach())))
-        output = original.eval()(probe).float()
+        output = _run(original, probe)
     finally:
         for h in hooks:
             h.remove()
         for bn, weight in saved:
             bn.weight.detach().copy_(weight)
-        original.train(was_training)
     return seen, output
 
 
@@ -163,20 +176,19 @@ def _batchnorm_after(model: nn.Module, readers, example) -> dict[str, nn.Module]
                 found[name] = bn
         return hook
 
-    was_training = model.training
-    try:
-        for name in readers:
-            hooks.append(model.get_submodule(name).register_forward_hook(after(name)))
-        for m in model.modules():
-            if isinstance(m, _BN):
-                hooks.append(m.register_forward_pre_hook(before(m)))
-        model.eval()
-        with torch.no_grad():
-            model(torch.zeros(1, *example.shape[1:], device=example.device, dtype=example.dtype))
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
+    with modes_kept(model):
+        try:
+            for name in readers:
+                hooks.append(model.get_submodule(name).register_forward_hook(after(name)))
+            for m in model.modules():
+                if isinstance(m, _BN):
+                    hooks.append(m.register_forward_pre_hook(before(m)))
+            model.eval()
+            with torch.no_grad():
+                model(*probe_like(example, 1))
+        finally:
+            for h in hooks:
+                h.remove()
     return found
 
 

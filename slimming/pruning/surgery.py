@@ -1,24 +1,24 @@
 """How to cut a traced network, once the keep-masks of its channel groups are known.
 
-``plan`` turns group masks into per-module masks through the channel graph (a convolution
-keeps the output channels of its own group and the input channels of whatever it reads; a
-depthwise convolution and a (frozen) BatchNorm keep the channels they carry; a linear layer
-keeps the columns of the channels it reads, ``factor`` columns each after a flatten; a
-transposed convolution's weight is (in, out, k, k); a grouped convolution keeps in every group
-the same number of input and of output channels). ``cut`` applies the plan to a copy of the
-model.
+``plan`` turns group masks into per-module masks through the channel graph: what a layer
+reads (``in``), makes (``out``) or carries (``channels``: a BatchNorm, a depthwise convolution,
+a layer scale); a linear layer after a flatten keeps ``factor`` columns per channel. ``cut``
+applies the plan to a copy of the model, each layer by the rule of its kind
+(``slimming.models.layers``: which tensor follows which channels along which dim), and
+``update_widths`` sets the integer attributes that held a width the cut changed.
 (``slimming.models.external.resize_like`` is the way back: a freshly built network given a
 pruned state_dict's widths.)
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
-from ..models.common import BN_STATE
-from ..utils.modules import keep_slices, set_tensor
-from .graph import ChannelGraph, GraphError, Map, structure_copy
+from ..models.layers import RULES, is_layer
+from .graph import ChannelGraph, GraphError, Map, Use, structure_copy
 
 
 def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -33,75 +33,34 @@ def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str,
                          else whole[seg.start:seg.start + seg.length])
         return torch.cat(parts).repeat_interleave(m.factor)
 
-    where = {"conv_in": "in", "linear_in": "in", "convt_in": "in", "conv_out": "out",
-             "linear_out": "out", "convt_out": "out", "depthwise": "channels", "bn": "channels",
-             "frozen_bn": "channels"}
     out: dict[str, dict[str, torch.Tensor]] = {}
     for use in graph.uses:
         mask = mask_of(use.map)
         slot = out.setdefault(use.module, {})
-        key = where[use.kind]
+        key = side_of(use) if use.kind != "scale" else f"scale:{use.attrs['weight']}:{use.groups}"
         if key in slot and not torch.equal(slot[key], mask):
             raise GraphError(f"{use.module} is used twice on different channels; slimming cannot "
-                             "cut a shared module two ways (list it in ignore=)")
+                             "cut a shared module two ways (list it in keep_whole=)")
         slot[key] = mask
     return {name: masks for name, masks in out.items() if not all(m.all() for m in masks.values())}
 
 
-def _keep(t: torch.Tensor | None, mask: torch.Tensor | None, dim: int = 0) -> torch.Tensor | None:
-    """``t`` cut to ``mask`` along ``dim``; ``t`` itself when either is None."""
-    return t if t is None or mask is None else keep_slices(t, mask, dim)
-
-
-def _grouped(m: nn.Conv2d, keep_in: torch.Tensor | None, keep_out: torch.Tensor | None) -> torch.Tensor:
-    """A grouped convolution's weight (out, in/groups, k, k) cut to the kept channels: every
-    group keeps the same number of inputs and of outputs (the graph's equal-count blocks)."""
-    g, w = m.groups, m.weight.detach()
-    keep_in = torch.ones(m.in_channels, dtype=torch.bool) if keep_in is None else keep_in.cpu()
-    keep_out = torch.ones(m.out_channels, dtype=torch.bool) if keep_out is None else keep_out.cpu()
-    ins, outs = keep_in.view(g, -1), keep_out.view(g, -1)
-    if len(set(ins.sum(1).tolist())) > 1 or len(set(outs.sum(1).tolist())) > 1:
-        raise GraphError(f"the grouped convolution {m} would keep unequal groups")
-    blocks = w.view(g, -1, *w.shape[1:])
-    parts = [blocks[j][outs[j].to(w.device)][:, ins[j].to(w.device)] for j in range(g)]
-    return torch.cat(parts).clone()
-
-
-def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]]) -> nn.Module:
-    """A copy of ``model`` with every module in ``masks`` cut to its kept channels; the
-    original is left untouched (no tensor is shared between the two)."""
+def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: ChannelGraph) -> nn.Module:
+    """A copy of ``model`` with every module in ``masks`` cut to its kept channels by the rule
+    of its kind (``slimming.models.layers.RULES``): the very tensors the trace saw it use (a
+    buffer used as a convolution's weight too), and its width attributes. The original is left
+    untouched (no tensor is shared between the two)."""
     new = structure_copy(model)
+    how = {use.module: use for use in graph.uses if use.kind != "scale"}
     for name, keep in masks.items():
         m = new.get_submodule(name)
-        if isinstance(m, nn.Conv2d):
-            if "channels" in keep:  # depthwise: channel c in, channel c out
-                c = keep["channels"]
-                set_tensor(m, "weight", _keep(m.weight, c), True)
-                set_tensor(m, "bias", _keep(m.bias, c), True)
-                m.in_channels = m.out_channels = m.groups = int(c.sum())
-            elif m.groups > 1:
-                set_tensor(m, "weight", _grouped(m, keep.get("in"), keep.get("out")), True)
-                set_tensor(m, "bias", _keep(m.bias, keep.get("out")), True)
-                m.out_channels, m.in_channels = m.weight.shape[0], m.weight.shape[1] * m.groups
-            else:
-                set_tensor(m, "weight", _keep(_keep(m.weight, keep.get("out")), keep.get("in"), 1), True)
-                set_tensor(m, "bias", _keep(m.bias, keep.get("out")), True)
-                m.out_channels, m.in_channels = m.weight.shape[0], m.weight.shape[1]
-        elif isinstance(m, nn.ConvTranspose2d):
-            set_tensor(m, "weight", _keep(_keep(m.weight, keep.get("in")), keep.get("out"), 1), True)
-            set_tensor(m, "bias", _keep(m.bias, keep.get("out")), True)
-            m.in_channels, m.out_channels = m.weight.shape[0], m.weight.shape[1]
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm) or "channels" in keep:
-            c = keep["channels"]  # a BatchNorm, or a frozen one (the same four tensors, as buffers)
-            for t in BN_STATE:
-                if getattr(m, t, None) is not None:
-                    set_tensor(m, t, _keep(getattr(m, t), c), t in m._parameters)
-            if hasattr(m, "num_features"):
-                m.num_features = int(c.sum())
-        elif isinstance(m, nn.Linear):
-            set_tensor(m, "weight", _keep(_keep(m.weight, keep.get("out")), keep.get("in"), 1), True)
-            set_tensor(m, "bias", _keep(m.bias, keep.get("out")), True)
-            m.out_features, m.in_features = m.weight.shape
+        for key, mask in keep.items():
+            if key.startswith("scale:"):  # a per-channel parameter (layer scale), along its dim
+                _, attr, dim = key.split(":")
+                RULES["scale"].cut(m, {"channels": mask}, {"weight": attr}, int(dim))
+        use = how.get(name)
+        if use is not None:
+            RULES[kind_of(use)].cut(m, keep, use.attrs, use.groups)
     shared = {id(t) for t in (*model.parameters(), *model.buffers())}
     for m in new.modules():  # everything not cut: its own copy, not the original's tensor
         for key, p in list(m._parameters.items()):
@@ -111,3 +70,65 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]]) -> nn.Modul
             if b is not None and id(b) in shared:
                 m._buffers[key] = b.clone()
     return new
+
+
+def kind_of(use: Use) -> str:
+    """The layer kind of a use (``conv_in`` -> ``conv``)."""
+    return use.kind[:-3] if use.kind.endswith("_in") else use.kind[:-4] if use.kind.endswith("_out") \
+        else use.kind
+
+
+def side_of(use: Use) -> str:
+    """Which mask a use gives its module: ``in`` (read), ``out`` (made) or ``channels``."""
+    return "in" if use.kind.endswith("_in") else "out" if use.kind.endswith("_out") else "channels"
+
+
+NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_heads", "heads", "depth",
+              "num_layers", "n", "k", "s", "p", "d", "g", "e", "training"}
+_LAYERS = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._BatchNorm)  # ``cut`` sets theirs
+
+
+def update_widths(new: nn.Module, graph: ChannelGraph,
+                  group_masks: dict[int, torch.Tensor]) -> list[tuple[str, str, int, int]]:
+    """Integer attributes of ``new``'s modules that held a width the cut changed (a C2f block's
+    ``self.c``, timm's ``num_features``), set to the new width where the trace can tell: the
+    attribute's value is the width of tensors the module made or split in its own forward (else
+    of its inputs and outputs, else of its children's), and all of those were cut alike. Those
+    it cannot tell are named in one warning. Returns what it set: (module, attribute, old
+    value, new value)."""
+    def kept(m: Map) -> int:
+        return sum(int(group_masks[graph.find(s.space)][s.start:s.start + s.length].sum())
+                   if graph.find(s.space) in group_masks else s.length for s in graph.resolve(m).segs)
+
+    def widths_of(maps: list[Map]) -> dict[int, set[int]]:
+        widths: dict[int, set[int]] = {}
+        for m in maps:
+            if m.factor == 1:
+                widths.setdefault(m.channels, set()).add(kept(m))
+        return widths
+
+    unclear, changed = [], []
+    for name, module in new.named_modules():
+        if type(module).__module__.startswith("torch.") or is_layer(module):
+            continue  # torch's own modules keep no widths but the layers' (set by ``cut``)
+        ints = {a: v for a, v in vars(module).items()
+                if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
+        prefix = f"{name}." if name else ""
+        children = [m for child, _ in module.named_children() for m in graph.borders.get(prefix + child, [])]
+        # what its forward made, then its inputs and outputs, then its children's
+        sources = [widths_of(graph.frames.get(name, [])), widths_of(graph.borders.get(name, [])),
+                   widths_of(children)]
+        for attr, value in ints.items():
+            found = next((w[value] for w in sources if value in w), None)
+            if found is None or found == {value}:
+                continue
+            if len(found) == 1:
+                changed.append((name, attr, value, next(iter(found))))
+                setattr(module, attr, changed[-1][3])
+            else:
+                unclear.append(prefix + attr)
+    if unclear:
+        warnings.warn(f"{len(unclear)} integer attribute(s) held a width the cut changed and were left "
+                      f"as they were (the trace cannot tell which width they mean): {', '.join(unclear[:6])}",
+                      stacklevel=3)
+    return changed

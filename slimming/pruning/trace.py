@@ -5,36 +5,45 @@ Why a ``TorchFunctionMode`` rather than torch.fx or the autograd graph: a real f
 any Python the network's authors wrote (loops and lists over ``chunk``, shape checks, layers
 picked by index, dict and nested outputs), which torch.fx refuses; every torch function and
 tensor method is seen with its real arguments (``dim``, slice bounds, split sizes), which the
-autograd graph does not keep, and no graph of gradients is built. Convolutions, BatchNorms and
-linear layers are recognised by their parameters (a module's weight passed to ``F.conv2d`` is
-that module, called as a module or not); forward hooks keep the stack of modules for messages
-and ``ignore``, and bracket the modules followed whole (``FrozenBatchNorm2d``).
+autograd graph does not keep, and no graph of gradients is built. Convolutions (1-D, 2-D, 3-D,
+transposed), BatchNorms and linear layers are recognised by their tensors (a module's weight,
+or a buffer, passed to ``F.conv2d`` is that module's layer, called as a module or not); forward
+hooks keep the stack of modules for messages and ``ignore``, and bracket the modules followed
+whole (``FrozenBatchNorm2d``). A module called twice (a head shared across levels) makes the
+same channels both times, and its two inputs are cut alike.
 
-The trace follows the path the example input takes: a branch the example does not take is not
-seen. An all-zero example (``prune``'s default) carries no values to follow, so there the
-convolutions' arithmetic, most of a forward's time, is skipped: ``nn.Conv2d`` gives zeros of
-the shape it would give (with a real image as the example, everything is computed). Every
-convolution, BatchNorm or linear layer the forward never ran keeps all its channels and is
-named in a warning. What cannot be followed is one ``GraphError`` naming the module and
-the op; the model is left as it was. Inside a module in ``ignore`` (a detection head and its
-decoding), and on tensors whose channels are all pinned anyway, any op is followed as opaque:
-its inputs keep their channels, so its outputs are what they were. What each op does to the
-channels (the tables and the rules for sums, concatenations, reshapes, splits and indexing) is
-in ``slimming.pruning.ops``; the layers (convolutions, BatchNorms, linear) are here.
+The trace follows the path the example input takes. Layers it did not reach in eval mode are
+looked for once more in a training-mode forward (auxiliary heads that only run in training),
+with every buffer restored after; what neither reached keeps all its channels and is named in
+a warning. An all-zero example (``prune``'s default) carries no values to follow, so there the
+convolutions' arithmetic, most of a forward's time, is skipped: a convolution gives zeros of
+the shape it would give (with a real image as the example, everything is computed).
+
+Decided at the end, not at the op: an op whose channels cannot be followed one by one (an
+attention reshape, a LayerNorm over the channels, an op it does not know) keeps every channel
+it reads (pinned) and makes new channels that are kept whole; the rest of the network is still
+cut, exactly. One warning lists, by module type, each such op that kept channels a BatchNorm
+scores (most sit on channels nothing scores, and say nothing). An in-place write through a view
+or alias of a tensor keeps the channels of every tensor sharing its memory. What each op does to
+the channels is in ``slimming.pruning.ops``; the layers are here.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import defaultdict
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import first_line
-from .graph import ChannelGraph, GraphError, Map, Seg, Use, ignored_names
+from ..models.layers import RULES, is_layer, module_kind
+from ..utils.modules import modes_kept
+from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names
 from .ops import (
     CONSTANT_OPS,
+    ELEMENTWISE,
     META_OPS,
     PASS_OPS,
     PRODUCT_OPS,
@@ -46,24 +55,31 @@ from .ops import (
     ZERO_OPS,
     ChannelOps,
     arg,
+    in_place,
+    keeps_zero,
+    leaves,
     op_name,
     tensors,
 )
 
-FROZEN = {"FrozenBatchNorm2d"}  # per-channel modules followed whole, by class name (any library)
 BN = nn.modules.batchnorm._BatchNorm
+CONVS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
+TRANSPOSED = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
+LAYERS = {*CONVS, *TRANSPOSED, "linear", "batch_norm"}
+_SHORTCUT = {torch.conv1d, torch.conv2d, torch.conv3d}
 
 
 def _conv_shape(args, kwargs) -> torch.Tensor | None:
-    """Zeros of the shape ``F.conv2d`` would give (None where the arguments are not the plain
+    """Zeros of the shape ``F.convNd`` would give (None where the arguments are not the plain
     ones): what a blank example needs of a convolution, without its arithmetic."""
-    if kwargs or len(args) != 7 or not isinstance(args[0], torch.Tensor) or args[0].dim() != 4:
+    if kwargs or len(args) != 7 or not isinstance(args[0], torch.Tensor) or args[0].dim() < 3:
         return None
     x, w, _, stride, padding, dilation, groups = args
-    if not all(isinstance(v, (tuple, list)) and len(v) == 2 for v in (stride, padding, dilation)) \
-            or x.shape[1] != w.shape[1] * groups:
+    d = x.dim() - 2
+    if not all(isinstance(v, (tuple, list)) and len(v) == d for v in (stride, padding, dilation)) \
+            or not isinstance(w, torch.Tensor) or w.dim() != x.dim() or x.shape[1] != w.shape[1] * groups:
         return None
-    size = [(n + 2 * p - d * (k - 1) - 1) // s + 1 for n, p, d, k, s in
+    size = [(n + 2 * p - dl * (k - 1) - 1) // s + 1 for n, p, dl, k, s in
             zip(x.shape[2:], padding, dilation, w.shape[2:], stride)]
     return x.new_zeros(x.shape[0], w.shape[0], *size) if min(size) > 0 else None
 
@@ -77,100 +93,152 @@ class _Mode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = _conv_shape(args, kwargs) if self.walk.blank and func is torch.conv2d else None
+        out = _conv_shape(args, kwargs) if self.walk.blank and func in _SHORTCUT else None
         out = func(*args, **kwargs) if out is None else out
         if not self.walk.whole:
-            try:
-                self.walk.op(func, args, kwargs, out)
-            except GraphError:
-                raise
-            except Exception as e:  # arguments no rule here expected: the op is not followed
-                why = f"arguments it does not expect: {first_line(e, 80)}"
-                raise self.walk.fail(op_name(func), why) from None
+            self.walk.step(func, args, kwargs, out)
         return out
 
 
-def trace(model: nn.Module, example_inputs: torch.Tensor, ignore=()) -> ChannelGraph:
-    """Run ``model`` (left unchanged, its train/eval mode restored) once on ``example_inputs``
-    (N, C, H, W) in eval mode and build its channel graph. ``ignore``: modules whose channels
-    must all be kept, by name (a name keeps what is inside it too) or by type
-    (``ignored_names``). Raises GraphError (one line, naming the module and the op) for what it
-    cannot follow."""
-    keep = ignored_names(model, ignore)
-    if not isinstance(example_inputs, torch.Tensor) or example_inputs.dim() != 4:
-        shape = tuple(example_inputs.shape) if isinstance(example_inputs, torch.Tensor) else None
-        raise GraphError(f"the model's input is {shape}, not an image batch (N, C, H, W)")
-    walk = _Walk(model, keep)
-    was_training = model.training
-    hooks = []
-    try:
-        for name, m in model.named_modules():
-            hooks.append(m.register_forward_pre_hook(walk.enter(name, m)))
-            hooks.append(m.register_forward_hook(walk.leave(name, m)))
-        model.eval()
-        walk.start(example_inputs)
-        try:
-            with torch.no_grad(), _Mode(walk):
-                out = model(example_inputs)
-        except GraphError:
-            raise
-        except Exception as e:
-            raise GraphError(f"{type(model).__name__} does not run on example_inputs of shape "
-                             f"{tuple(example_inputs.shape)}: {first_line(e, 160)}") from None
-        for t in tensors(out):
-            walk.pin_tensor(t, "the model's output")
-    finally:
-        for h in hooks:
-            h.remove()
-        model.train(was_training)
+def as_inputs(example_inputs) -> tuple:
+    """The model's positional inputs: one tensor, or a tuple or list of them (and of other
+    values, passed as they are)."""
+    return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=()) -> ChannelGraph:
+    """Run ``model`` (left unchanged, every module's train/eval flag restored) on
+    ``example_inputs`` (a tensor (N, C, ...), or a tuple of the forward's inputs) in eval mode
+    and build its channel graph. ``ignore``: modules whose own channels are kept (what they
+    make, and their inner widths), while the channels they read are cut where their producers
+    are; ``keep_whole``: modules kept whole, the channels they read too. Each by name (a name
+    keeps what is inside it too) or by type (``ignored_names``). GraphError (one line) for a
+    model that does not run on the example."""
+    inputs = as_inputs(example_inputs)
+    images = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if not images or any(t.dim() < 2 for t in images):
+        shapes = [tuple(t.shape) for t in images]
+        raise GraphError(f"the model's inputs are {shapes or 'no tensors'}: slimming needs tensors "
+                         "with a channel dimension (N, C, ...)")
+    keep, whole = ignored_names(model, ignore), ignored_names(model, keep_whole)
+    walk = _Walk(model, keep | whole, whole)
+    with modes_kept(model):
+        walk.run(inputs, training=False)
+        if walk.unseen():
+            try:
+                second = _Walk(model, keep | whole, whole, walk)
+                second.run(tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t
+                                 for t in inputs), training=True)
+                walk = second
+            except GraphError:  # no training forward on this example (a detector needs targets)
+                pass
     walk.finish()
     return walk.g
 
 
 class _Walk(ChannelOps):
-    """The channel maps of the forward's tensors, and the graph they build."""
+    """The channel maps of the forward's tensors, and the graph they build. ``after``: a walk
+    whose eval-mode forward this one continues in training mode (the same graph)."""
 
-    def __init__(self, model: nn.Module, ignore: set[str]):
-        self.model, self.ignore = model, ignore
-        self.g = ChannelGraph(model)
+    def __init__(self, model: nn.Module, ignore: set[str], whole: set[str], after: _Walk | None = None):
+        self.model, self.ignore, self.keep_whole = model, ignore, whole
+        self.modules = dict(model.named_modules())
+        self.g = ChannelGraph(model) if after is None else after.g.copy()
         self.maps: dict[int, tuple[torch.Tensor, Map]] = {}  # id -> (tensor kept alive, map)
+        self.storage: dict[int, set[int]] = defaultdict(set)  # memory -> ids of tracked tensors
         self.stack: list[str] = []
         self.whole = 0  # > 0 inside a module followed whole
-        self.owner: dict[int, str] = {}  # id of a parameter or buffer -> its module's name
+        self.owner: dict[int, tuple[str, str]] = {}  # id of a parameter or buffer -> (module, attr)
         for name, m in model.named_modules():
-            for t in (*m._parameters.values(), *m._buffers.values()):
+            for attr, t in (*m._parameters.items(), *m._buffers.items()):
                 if t is not None:
-                    self.owner.setdefault(id(t), name)
-        self.seen: set[str] = set()
+                    self.owner.setdefault(id(t), (name, attr))
+        self.seen: set[str] = set(after.seen) if after else set()
+        self.made = dict(after.made) if after else {}  # layer -> (its output space, its first input)
+        self.input_maps: list[Map | None] = list(after.input_maps) if after else []
         self.blank = False  # an all-zero example: convolutions give zeros of their shape
 
     # ------------------------------------------------------------------ bookkeeping
 
-    def start(self, x: torch.Tensor) -> None:
-        self.blank = not bool(x.any())
-        self.set(x, Map([Seg(self.g.new_space(x.shape[1], "the input image"), 0, x.shape[1], False)]))
+    def run(self, inputs: tuple, training: bool) -> None:
+        hooks, saved = [], [(b, b.clone()) for b in self.model.buffers()] if training else []
+        try:
+            for name, m in self.model.named_modules():
+                hooks.append(m.register_forward_pre_hook(self.enter(name, m)))
+                hooks.append(m.register_forward_hook(self.leave(name, m)))
+            self.model.train(training)
+            self.start(inputs)
+            try:
+                with torch.no_grad(), _Mode(self):
+                    out = self.model(*inputs)
+            except GraphError:
+                raise
+            except Exception as e:
+                shapes = ", ".join(str(tuple(t.shape)) for t in inputs if isinstance(t, torch.Tensor))
+                raise GraphError(f"{type(self.model).__name__} does not run"
+                                 f"{' in training mode' if training else ''} on example_inputs of "
+                                 f"shape {shapes}: {first_line(e, 160)}") from None
+            for t in leaves(out):
+                self.pin_tensor(t, "the model's output")
+        finally:
+            for h in hooks:
+                h.remove()
+            with torch.no_grad():
+                for b, value in saved:
+                    b.copy_(value)
+
+    def start(self, inputs: tuple) -> None:
+        images = [t for t in inputs if isinstance(t, torch.Tensor)]
+        self.blank = not any(bool(t.any()) for t in images)
+        for i, t in enumerate(images):
+            if len(self.input_maps) <= i:
+                space = self.g.new_space(t.shape[1], f"input {i} of the model" if i else "the input image")
+                self.input_maps.append(Map([Seg(space, 0, t.shape[1], False)]))
+            self.set(t, self.input_maps[i])
+
+    def layer_names(self) -> list[str]:
+        return [name for name, m in self.modules.items() if is_layer(m)]
+
+    def unseen(self) -> list[str]:
+        return [n for n in self.layer_names() if n not in self.seen]
 
     def finish(self) -> None:
-        layers = [name for name, m in self.model.named_modules()
-                  if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear, BN))
-                  or type(m).__name__ in FROZEN]
-        self.g.unseen = [n for n in layers if n not in self.seen]
+        self.g.unseen = self.unseen()
         if self.g.unseen:
             names = ", ".join(self.g.unseen[:5]) + (", ..." if len(self.g.unseen) > 5 else "")
-            warnings.warn(f"{len(self.g.unseen)} layer(s) did not run on the example input and keep "
-                          f"all their channels: {names} (the trace follows the path the example "
-                          "takes)", stacklevel=3)
+            warnings.warn(f"{len(self.g.unseen)} layer(s) did not run on the example input (in eval "
+                          f"or training mode) and keep all their channels: {names} (the trace follows "
+                          "the path the example takes)", stacklevel=3)
+        summary = self.g.kept_summary()
+        if summary:
+            warnings.warn(f"slimming kept channels it cannot follow one by one (the rest is cut "
+                          f"exactly): {summary}", stacklevel=3)
         self.maps.clear()
+        self.storage.clear()
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None
         return entry[1] if entry is not None and entry[0] is t else None
 
     def set(self, t: torch.Tensor, m: Map | None) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        ptr = _memory(t)
         if m is None:
-            self.maps.pop(id(t), None)
+            if self.maps.pop(id(t), None) is not None and ptr:
+                self.storage[ptr].discard(id(t))
         else:
             self.maps[id(t)] = (t, m)
+            if ptr:
+                self.storage[ptr].add(id(t))
+            if self.stack:
+                self.g.frames.setdefault(self.stack[-1], []).append(m)
+
+    def fresh(self, t: torch.Tensor, why: str) -> None:
+        """``t`` gets channels of its own, kept whole (None for a tensor without channels)."""
+        if isinstance(t, torch.Tensor):
+            self.set(t, Map([Seg(self.g.new_space(t.shape[1], why), 0, t.shape[1], False)])
+                     if t.dim() >= 2 else None)
 
     def where(self) -> str:
         return self.stack[-1] if self.stack and self.stack[-1] else "the model's forward"
@@ -183,73 +251,134 @@ class _Walk(ChannelOps):
     def in_ignored(self) -> bool:
         return any(name in self.ignore for name in self.stack)
 
-    def fail(self, op: str, what: str) -> GraphError:
-        return GraphError(f"{self.where()}: slimming cannot follow the channels through {op} "
-                          f"({what}); list the module in ignore= or simplify it")
-
     def opaque(self, op: str, what: str, inputs: list[Map], out) -> None:
-        """An op the graph cannot follow: fine where its inputs' channels are all pinned (its
-        outputs are then what they were; each gets channels of its own, pinned), else a
-        GraphError."""
-        if not self.in_ignored() and not all(self.g.pinned_everywhere(m) for m in inputs):
-            raise self.fail(op, what)
-        why = f"{self.where()}: made by {op}, which slimming follows as opaque"
+        """An op the graph cannot follow channel by channel: every channel it reads is kept
+        (its outputs are then what they were), and each output gets channels of its own, kept
+        whole. Recorded for the warning that ``finish`` gives."""
+        where = self.where()
+        why = f"{where}: {op} ({what})"
+        for m in inputs:
+            self.g.pin(m, why)
+        kind = type(self.modules.get(where, self.model)).__name__
+        self.g.kept.append(Kept(kind, where, op, what, list(inputs)))
         for t in tensors(out):
-            if t.dim() >= 2:
-                self.set(t, Map([Seg(self.g.new_space(t.shape[1], why), 0, t.shape[1], False)]))
-            else:
-                self.set(t, None)
+            self.fresh(t, why)
 
     # ------------------------------------------------------------------ modules
 
     def enter(self, name: str, m: nn.Module):
+        kind = module_kind(m)
+
         def hook(module, args):
             self.stack.append(name)
-            if name in self.ignore:
+            if name in self.keep_whole:
                 for t in tensors(args):
-                    self.pin_tensor(t, f"{name} is in ignore")
-            if type(m).__name__ in FROZEN:
+                    self.pin_tensor(t, f"{name} is in keep_whole")
+            if kind is not None:
                 self.whole += 1
         return hook
 
     def leave(self, name: str, m: nn.Module):
+        kind = module_kind(m)
+
         def hook(module, args, out):
-            if type(m).__name__ in FROZEN:
+            if kind is not None:
                 self.whole -= 1
-                self.seen.add(name)
-                x = self.get(args[0]) if args else None
-                if x is not None and isinstance(out, torch.Tensor) and out.dim() == 4 and x.factor == 1:
-                    if name in self.ignore:
-                        self.g.pin(x, f"{name} is in ignore")
-                    else:
-                        self.g.uses.append(Use(name, "frozen_bn", x))
-                    self.set(out, x.with_gate(False))
-                elif x is not None:
-                    raise self.fail(type(m).__name__, "a frozen BatchNorm of something other than "
-                                    "(N, C, H, W) channels")
+                self.whole_layer(name, m, kind, args, out)
             if name in self.ignore:
                 for t in tensors(out):
                     self.pin_tensor(t, f"{name} is in ignore")
+            for t in (*tensors(args), *tensors(out)):
+                m_ = self.get(t)
+                if m_ is not None:
+                    self.g.borders.setdefault(name, []).append(m_)
             if self.stack and self.stack[-1] == name:
                 self.stack.pop()
         return hook
 
+    def whole_layer(self, name: str, m: nn.Module, kind: str, args, out) -> None:
+        """A module followed whole by the rule of its kind (a frozen BatchNorm, a registered
+        layer): it reads its first input's channels and makes (or carries) its output's; its
+        other inputs are kept."""
+        self.seen.add(name)
+        rule = RULES[kind]
+        ins = [t for t in tensors(args) if self.get(t) is not None]
+        x = self.get(args[0]) if args else None
+        for t in ins[1:] if x is not None else ins:
+            self.pin_tensor(t, f"{name}: read by a {type(m).__name__} as other than its channels")
+        if x is None:
+            return self.fresh(out, f"{name}: made from untracked inputs") if isinstance(out, torch.Tensor) \
+                else None
+        if not isinstance(out, torch.Tensor) or out.dim() < 2 or x.factor != 1:
+            return self.opaque(type(m).__name__, "a layer followed whole whose output is not (N, C, ...)",
+                               [x], out)
+        attrs = {role: role for tensors_ in (rule.reads, rule.makes, rule.carries) for role in tensors_
+                 if isinstance(getattr(m, role, None), torch.Tensor)}
+        ignored = name in self.ignore or self.in_ignored()
+        if rule.makes:
+            return self.produce(name, kind, x, out.shape[1], ignored, out, attrs)
+        if out.shape[1] != x.channels:
+            return self.opaque(type(m).__name__, "a layer that carries its channels but changes their "
+                               "number", [x], out)
+        if ignored:
+            self.g.pin(x, f"{name} is in ignore")
+        self.again(name, x)
+        self.g.uses.append(Use(name, kind, x, attrs))
+        self.set(out, x.with_gate(rule.gated and "weight" in attrs))
+
     # ------------------------------------------------------------------ ops
 
-    def op(self, func, args, kwargs, out) -> None:
+    def step(self, func, args, kwargs, out) -> None:
+        """One call of the forward: its rule, then what an in-place write did to aliases."""
         op = op_name(func)
         if op in META_OPS:
             return
+        target = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        writes = target is not None and in_place(func, args, kwargs, out)
+        before = self.get(target) if writes else None
+        inputs = [m for m in (self.get(t) for t in tensors(list(args) + list(kwargs.values())))
+                  if m is not None]
+        try:
+            self.op(op, func, args, kwargs, out)
+        except GraphError:
+            raise
+        except Exception as e:  # noqa: BLE001 (arguments no rule here expected: kept, not followed)
+            self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", inputs, out)
+        if writes:
+            self.written(op, target, before, bool(inputs))
+
+    def written(self, op: str, t: torch.Tensor, before: Map | None, tracked: bool) -> None:
+        """After ``op`` wrote into ``t``: where its channels changed, every other tensor sharing
+        its memory (the tensor it is a view of, other views, ``detach()`` aliases) changed too;
+        their channels are kept. A tracked tensor written into an untracked one (a detection
+        transform's ``copy_`` into a fresh batch) gives it, and what it is a view of, channels
+        of their own."""
+        after = self.get(t)
+        if after == before and (after is not None or not tracked):
+            return
+        why = f"{self.where()}: {op} writes in place through a view or an alias"
+        if after is None and tracked:
+            self.fresh(t, why)
+        for i in list(self.storage.get(_memory(t), ())):
+            other = self.maps.get(i)
+            if other is not None and other[0] is not t:
+                self.g.pin(other[1], why)
+                self.set(other[0], other[1].with_gate(False))
+        base = t._base
+        if base is not None and self.get(base) is None and base.dim() >= 2:
+            self.fresh(base, why)
+
+    def op(self, op: str, func, args, kwargs, out) -> None:
         inputs = [(t, self.get(t)) for t in tensors(list(args) + list(kwargs.values()))]
         inputs = [(t, m) for t, m in inputs if m is not None]
         if not inputs:
-            if isinstance(out, torch.Tensor) and out is not None:
+            if isinstance(out, torch.Tensor) and op != "setitem":
                 self.set(out, None)  # a fresh tensor from constants, or one overwritten by them
             return
         handler = getattr(self, f"op_{op}", None)
         if op in CONSTANT_OPS:
             self.set(out, None)
-        elif op in ("conv2d", "conv_transpose2d", "linear", "batch_norm"):
+        elif op in LAYERS:
             self.layer(op, args, kwargs, out)
         elif handler is not None:
             handler(op, args, kwargs, out, inputs)
@@ -268,70 +397,122 @@ class _Walk(ChannelOps):
         elif op in VALUE_OPS and not tensors(out):
             for _, m in inputs:
                 self.g.pin(m, f"{self.where()}: its values are read by {op}")
-        elif op in ZERO_OPS or op in PASS_OPS:
-            x = inputs[0][1]
-            same = isinstance(out, torch.Tensor) and out.shape[:2] == inputs[0][0].shape[:2]
+        elif op in ZERO_OPS or op in PASS_OPS or op in ELEMENTWISE:
+            x_t, x = inputs[0]
+            same = isinstance(out, torch.Tensor) and out.shape[:2] == x_t.shape[:2]
             if len(inputs) > 1 or not same:
                 self.opaque(op, "an op of several tensors" if len(inputs) > 1 else "a change of shape",
                             [m for _, m in inputs], out)
                 return
-            zero = op in ZERO_OPS and not (op == "pad" and arg(args, kwargs, 3, "value", 0) not in (0, None))
+            if op in ELEMENTWISE:
+                zero = keeps_zero(func, args, kwargs, x_t)
+            else:
+                padded = op == "pad" and arg(args, kwargs, 3, "value", 0) not in (0, None)
+                zero = op in ZERO_OPS and not padded
             self.set(out, x.with_gate(None if zero else False))
         else:
             self.opaque(op, "an op it does not know", [m for _, m in inputs], out)
 
     def layer(self, op: str, args, kwargs, out) -> None:
-        """A convolution, linear layer or BatchNorm, known by its parameters."""
+        """A convolution, linear layer or BatchNorm, known by its tensors: every one of them a
+        parameter or buffer of one module (whose tensors of those names are then cut)."""
         x_t = args[0] if args else kwargs.get("input")
         x = self.get(x_t)
-        weight = arg(args, kwargs, 3 if op == "batch_norm" else 1, "weight")
-        probe = weight if weight is not None else arg(args, kwargs, 1, "running_mean")
-        name = self.owner.get(id(probe))
+        roles = (("running_mean", 1), ("running_var", 2), ("weight", 3), ("bias", 4)) \
+            if op == "batch_norm" else (("weight", 1), ("bias", 2))
+        given = {role: arg(args, kwargs, i, role) for role, i in roles}
+        given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
+        owners = {role: self.owner.get(id(t)) for role, t in given.items()}
+        names = {o[0] for o in owners.values() if o is not None}
+        name = next(iter(names)) if len(names) == 1 else None
         if name is not None:
             self.seen.add(name)
         if x is None:  # a layer of something untracked (a weight computed from parameters)
             self.set(out, None)
             return
-        if name is None:
-            return self.opaque(op, "a layer whose weight is no module's parameter", [x], out)
+        if name is None or None in owners.values() or not given:
+            return self.opaque(op, "a layer whose tensors are not one module's parameters", [x], out)
+        attrs = {role: o[1] for role, o in owners.items()}
         ignored = name in self.ignore or self.in_ignored()
         if op == "batch_norm":
-            if x.factor != 1 or out.dim() != 4:
-                return self.opaque(op, "a BatchNorm of something other than (N, C, H, W) channels", [x], out)
+            if x.factor != 1 or not isinstance(out, torch.Tensor) or out.dim() < 2:
+                return self.opaque(op, "a BatchNorm of flattened channels", [x], out)
             if ignored:
                 self.g.pin(x, f"{name} is in ignore")
-            self.g.uses.append(Use(name, "bn", x))
-            return self.set(out, x.with_gate(weight is not None))
+            self.again(name, x)
+            self.g.uses.append(Use(name, "bn", x, attrs))
+            return self.set(out, x.with_gate("weight" in attrs))
         if op == "linear":
             if out.dim() != 2:
                 return self.opaque(op, "a linear layer on more than (N, features)", [x], out)
-            return self.produce(name, "linear", x, out.shape[1], ignored, out)
+            return self.produce(name, "linear", x, out.shape[1], ignored, out, attrs)
         if x.factor != 1:
             return self.opaque(op, "a convolution of a flattened tensor", [x], out)
         groups = arg(args, kwargs, 6, "groups", 1)
         cin, cout = x_t.shape[1], out.shape[1]
-        if op == "conv_transpose2d":
+        if op in TRANSPOSED:
             if groups != 1:
                 self.g.pin(x, f"the grouped transposed convolution {name}")
-                return self.produce(name, "convt", x, cout, True, out)
-            return self.produce(name, "convt", x, cout, ignored, out)
+                return self.produce(name, "convt", x, cout, True, out, attrs)
+            return self.produce(name, "convt", x, cout, ignored, out, attrs)
         if groups == 1:
-            return self.produce(name, "conv", x, cout, ignored, out)
+            return self.produce(name, "conv", x, cout, ignored, out, attrs)
         if groups == cin == cout and not ignored:  # depthwise: channel c -> channel c
-            self.g.uses.append(Use(name, "depthwise", x))
-            return self.set(out, x.with_gate(None if arg(args, kwargs, 2, "bias") is None else False))
+            self.again(name, x)
+            self.g.uses.append(Use(name, "depthwise", x, attrs))
+            return self.set(out, x.with_gate(None if "bias" not in attrs else False))
         # grouped: every group keeps the same number of input and of output channels
         self.g.equal_blocks(x, groups, "groups")
-        space = self.produce(name, "conv", x, cout, ignored, out)
+        space = self.produce(name, "conv", x, cout, ignored, out, attrs, groups)
         self.g.equal_blocks(Map([Seg(space, 0, cout, False)]), groups, "groups")
 
-    def produce(self, name: str, kind: str, x: Map, width: int, ignored: bool, out) -> int:
-        """A layer reading ``x`` and making ``width`` channels of a space of its own."""
+    def channel_tensor(self, t: torch.Tensor, c: int) -> tuple[str, str, int] | None:
+        """(module, attribute, dim) when ``t`` is a module's parameter or buffer of ``c``
+        values (or a view of one: ``gamma.view(1, -1, 1, 1)``), one per channel along ``dim``;
+        inside a module in ``ignore``, None (kept)."""
+        base = t if id(t) in self.owner else t._base
+        if base is None or id(base) not in self.owner or base.numel() != c or self.in_ignored():
+            return None
+        dims = [i for i, n in enumerate(base.shape) if n == c]
+        return (*self.owner[id(base)], dims[0]) if len(dims) == 1 else None
+
+    def scale(self, module: str, attr: str, dim: int, x: Map) -> None:
+        """A per-channel parameter of ``module`` (a layer scale) applied to channels ``x``: cut
+        with them (a second use reads the same channels: tied)."""
+        self.seen.add(module)
+        if self.again(f"{module}#{attr}", x) is None:
+            self.g.uses.append(Use(module, "scale", x, {"weight": attr}, dim))
+
+    def again(self, name: str, x: Map) -> int | None:
+        """A layer called more than once reads the same channels each time: its inputs are tied
+        to its first call's. Returns its output space when it made one before."""
+        first = self.made.get(name)
+        if first is None:
+            self.made[name] = (None, x)
+            return None
+        self.g.tie(first[1], x, f"{name} is called on channels it cannot pair with its first call's")
+        return first[0]
+
+    def produce(self, name: str, kind: str, x: Map, width: int, ignored: bool, out, attrs,
+                groups: int = 1) -> int:
+        """A layer reading ``x`` and making ``width`` channels of a space of its own (kept whole
+        when ``ignored``; the channels it reads too, inside a module in ``keep_whole``)."""
         why = f"{name} is in ignore" if ignored else ""
-        if ignored:
-            self.g.pin(x, why)
-        space = self.g.new_space(width, why)
-        self.g.uses.append(Use(name, f"{kind}_in", x))
-        self.g.uses.append(Use(name, f"{kind}_out", Map([Seg(space, 0, width, False)])))
+        if any(n in self.keep_whole for n in self.stack) or name in self.keep_whole:
+            self.g.pin(x, f"{name} is in keep_whole")
+        space = self.again(name, x)
+        if space is None:
+            space = self.g.new_space(width, why)
+            self.made[name] = (space, x)
+            self.g.uses.append(Use(name, f"{kind}_out", Map([Seg(space, 0, width, False)]), attrs, groups))
+        self.g.uses.append(Use(name, f"{kind}_in", x, attrs, groups))
         self.set(out, Map([Seg(space, 0, width, False)]))
         return space
+
+
+def _memory(t: torch.Tensor) -> int:
+    """The address of ``t``'s memory (0 when it has none to share)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 (tensor subclasses without storage)
+        return 0

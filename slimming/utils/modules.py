@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -32,3 +34,15 @@ def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: b
         setattr(m, name, nn.Parameter(value, requires_grad=getattr(m, name).requires_grad))
     else:
         setattr(m, name, value)
+
+
+@contextlib.contextmanager
+def modes_kept(model: nn.Module):
+    """Every module's train/eval flag as it was when the block ends, whatever the block set
+    (a BatchNorm frozen in eval inside a training model stays frozen)."""
+    flags = [(m, m.training) for m in model.modules()]
+    try:
+        yield model
+    finally:
+        for m, training in flags:
+            m.training = training

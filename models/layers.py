@@ -1,0 +1,224 @@
+"""Layer kinds: one rule each, in one table (``RULES``), open to layers of your own
+(``register_layer``).
+
+A rule says which of a layer's tensors follow which channels, and everything else is derived
+from that: how the trace (``slimming.pruning.trace``) ties the layer into the channel graph,
+how ``slimming.pruning.surgery`` cuts it, how ``resize`` gives a freshly built one the widths of
+a pruned state_dict, and whether its scale factors score channels. The tensors are named by
+their part (``weight``, ``bias``, ...); a functional call with other tensors (a blur filter's
+buffer ``filt`` passed to ``F.conv2d`` as its weight) names them in ``attrs``.
+
+- ``reads``: {tensor: dim} indexed by the channels the layer reads (its first input);
+- ``makes``: {tensor: dim} indexed by the channels it makes (a new set of channels);
+- ``carries``: {tensor: dim} for a layer whose output channels are its input's (a BatchNorm, a
+  depthwise convolution, a layer scale): cut with them;
+- ``widths``: {integer attribute: "in" / "out" / "channels"}, set to the kept counts;
+- ``gated``: a carried channel whose input is zero gives zero (a BatchNorm, once its gamma and
+  beta are zeroed); ``scores``: its ``weight`` is the |gamma| network slimming ranks;
+- ``grouped``: its weight is (out, in / groups, ...) and each group keeps equal counts.
+
+The built-in kinds are recognised by the torch function they call with a module's tensors
+(``conv1d/2d/3d``, ``conv_transpose*``, ``linear``, ``batch_norm``) and by a per-channel
+parameter in a product or sum (``scale``). ``register_layer(ModuleType, rule)`` makes the trace
+follow modules of that type whole, as one layer: it reads the first input's channels and makes
+(or carries) the output's; the other inputs are kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError, SlimmingError
+from ..utils.modules import keep_slices, set_tensor
+
+BN_TENSORS = {"weight": 0, "bias": 0, "running_mean": 0, "running_var": 0}
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """Which tensors of a layer follow which channels (see the module's docstring)."""
+
+    reads: dict[str, int] = field(default_factory=dict)
+    makes: dict[str, int] = field(default_factory=dict)
+    carries: dict[str, int] = field(default_factory=dict)
+    widths: dict[str, str] = field(default_factory=dict)
+    gated: bool = False
+    scores: bool = False
+    grouped: bool = False
+
+    def cut(self, module: nn.Module, keep: dict[str, torch.Tensor], attrs: dict[str, str] | None = None,
+            groups: int = 1) -> None:
+        """Cut ``module``'s tensors, in place, to the kept channels: ``keep`` holds bool masks
+        ``in`` (read), ``out`` (made), ``channels`` (carried); a missing mask keeps all."""
+        attrs = attrs or {}
+        if self.grouped and groups > 1:
+            w = attrs.get("weight", "weight")
+            _set(module, w, _grouped(getattr(module, w), groups, keep.get("in"), keep.get("out")))
+            rest = {role: dim for role, dim in self.makes.items() if role != "weight"}
+            self._cut(module, rest, keep.get("out"), attrs)
+        else:
+            for tensors, side in ((self.reads, "in"), (self.makes, "out"), (self.carries, "channels")):
+                self._cut(module, tensors, keep.get(side), attrs)
+        for attr, side in self.widths.items():
+            mask = keep.get(side)
+            value = getattr(module, attr, None)
+            if mask is not None and isinstance(value, int) and not isinstance(value, bool):
+                setattr(module, attr, int(mask.sum()))
+
+    @staticmethod
+    def _cut(module: nn.Module, tensors: dict[str, int], mask: torch.Tensor | None, attrs) -> None:
+        if mask is None:
+            return
+        for role, dim in tensors.items():
+            t = getattr(module, attrs.get(role, role), None)
+            if isinstance(t, torch.Tensor):
+                _set(module, attrs.get(role, role), keep_slices(t, mask, dim))
+
+    def resize(self, module: nn.Module, state_dict: dict, prefix: str, path: str) -> bool:
+        """Give ``module`` (freshly built, on the meta device) the shapes its tensors have in
+        ``state_dict`` where only the dims this rule cuts differ, and its width attributes the
+        counts those say; False when nothing changed. CheckpointError for other shapes."""
+        sizes: dict[str, int] = {}
+        changed = False
+        for tensors, side in ((self.reads, "in"), (self.makes, "out"), (self.carries, "channels")):
+            for role, dim in tensors.items():
+                old, new = getattr(module, role, None), state_dict.get(prefix + role)
+                if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
+                    continue
+                if new.dim() != old.dim() or any(a != b for i, (a, b) in enumerate(zip(new.shape, old.shape))
+                                                 if i not in self._dims(role)):
+                    raise CheckpointError(f"{path}: {prefix}{role} has shape {tuple(new.shape)}, which "
+                                          f"no cut of a {tuple(old.shape)} {type(module).__name__} gives")
+                scale = getattr(module, "groups", 1) if self.grouped and side == "in" else 1
+                sizes.setdefault(side, new.shape[dim] * scale)
+                if new.shape != old.shape:
+                    set_tensor(module, role, torch.empty(new.shape, dtype=old.dtype, device=old.device),
+                               role in module._parameters)
+                    changed = True
+        for attr, side in self.widths.items():
+            if side in sizes and isinstance(getattr(module, attr, None), int):
+                setattr(module, attr, sizes[side])
+        return changed
+
+    def _dims(self, role: str) -> set[int]:
+        return {d for tensors in (self.reads, self.makes, self.carries)
+                for r, d in tensors.items() if r == role}
+
+
+@dataclass(frozen=True)
+class ConvRule(LayerRule):
+    """A convolution: plain, grouped (equal counts per group) or depthwise (``groups`` equal to
+    its channels, which a cut changes: resized as the ``depthwise`` kind)."""
+
+    def resize(self, module: nn.Module, state_dict: dict, prefix: str, path: str) -> bool:
+        w = state_dict.get(prefix + "weight")
+        groups = getattr(module, "groups", 1)
+        if isinstance(w, torch.Tensor) and w.shape != module.weight.shape and groups > 1:
+            if groups == module.in_channels == module.out_channels:
+                if w.dim() != module.weight.dim() or w.shape[1] != 1:
+                    raise CheckpointError(f"{path}: {prefix}weight is not a depthwise kernel")
+                return RULES["depthwise"].resize(module, state_dict, prefix, path)
+            if w.shape[0] % groups:
+                raise CheckpointError(f"{path}: {prefix}weight: {w.shape[0]} output channels do not "
+                                      f"make {groups} equal groups")
+        return super().resize(module, state_dict, prefix, path)
+
+
+@dataclass(frozen=True)
+class ScaleRule(LayerRule):
+    """A per-channel parameter or buffer (a layer scale ``gamma``), applied by a product or a
+    sum; the dim its channels lie along is the trace's (``groups`` in ``cut``)."""
+
+    def cut(self, module, keep, attrs=None, groups: int = 0) -> None:
+        attr = (attrs or {}).get("weight", "weight")
+        _set(module, attr, keep_slices(getattr(module, attr), keep["channels"], groups))
+
+
+RULES: dict[str, LayerRule] = {
+    "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
+                     widths={"in_channels": "in", "out_channels": "out"}),
+    "convt": LayerRule(reads={"weight": 0}, makes={"weight": 1, "bias": 0},
+                       widths={"in_channels": "in", "out_channels": "out"}),
+    "linear": LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0},
+                        widths={"in_features": "in", "out_features": "out"}),
+    "depthwise": LayerRule(carries={"weight": 0, "bias": 0},
+                           widths={"in_channels": "channels", "out_channels": "channels",
+                                   "groups": "channels"}),
+    "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True),
+    "frozen_bn": LayerRule(carries=BN_TENSORS),  # torchvision's FrozenBatchNorm2d: not trained
+    "scale": ScaleRule(),
+}
+MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn"}  # type (or class name) -> kind
+_RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"))
+
+
+def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> str:
+    """Follow modules of ``module_type`` (and its subclasses) whole, as one layer cut by
+    ``rule``: the trace does not look inside them. Returns the kind's name (default: the class
+    name), under which the rule is in ``RULES``. Registering the same class again replaces its
+    rule (a notebook cell run twice)."""
+    if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
+        raise SlimmingError(f"register_layer takes an nn.Module subclass, not {module_type!r}",
+                            param="module_type")
+    if not isinstance(rule, LayerRule) or not (rule.makes or rule.carries):
+        raise SlimmingError("a layer rule makes channels (makes=) or carries them (carries=)", param="rule")
+    name = name or module_type.__name__
+    taken = [t for t, k in MODULE_RULES.items() if k == name and t is not module_type
+             and getattr(t, "__qualname__", t) != module_type.__qualname__]
+    if (name in RULES and name not in MODULE_RULES.values()) or taken:
+        raise SlimmingError(f"the layer kind {name!r} is taken; pass name=", param="name")
+    RULES[name] = rule
+    MODULE_RULES[module_type] = name
+    return name
+
+
+def module_kind(module: nn.Module) -> str | None:
+    """The kind a module is followed whole as (a registered type, or a frozen BatchNorm)."""
+    for cls in type(module).__mro__:
+        if cls in MODULE_RULES:
+            return MODULE_RULES[cls]
+    return MODULE_RULES.get(type(module).__name__)
+
+
+def is_layer(module: nn.Module) -> bool:
+    """Whether ``module`` is a layer some rule cuts (the trace names those it never reached)."""
+    return module_kind(module) is not None or isinstance(module, tuple(t for t, _ in _RESIZED))
+
+
+def resize_layer(module: nn.Module, state_dict: dict, prefix: str, path: str) -> None:
+    """``module`` given the widths its tensors have in ``state_dict``, by the rule of its kind."""
+    kind = module_kind(module)
+    if kind is None:
+        for cls, name in _RESIZED:
+            if isinstance(module, cls):
+                kind = name or ("convt" if getattr(module, "transposed", False) else "conv")
+                break
+    if kind is not None:
+        if kind == "convt" and getattr(module, "groups", 1) != 1:
+            w = state_dict.get(prefix + "weight")
+            if isinstance(w, torch.Tensor) and w.shape != module.weight.shape:
+                raise CheckpointError(f"{path}: {prefix}weight has shape {tuple(w.shape)}, not that "
+                                      "of a cut transposed convolution")
+        RULES[kind].resize(module, state_dict, prefix, path)
+
+
+def _set(m: nn.Module, attr: str, value: torch.Tensor) -> None:
+    set_tensor(m, attr, value, attr in m._parameters)
+
+
+def _grouped(w: torch.Tensor, g: int, keep_in: torch.Tensor | None,
+             keep_out: torch.Tensor | None) -> torch.Tensor:
+    """A grouped convolution's weight (out, in/groups, k...) cut to the kept channels: every
+    group keeps the same number of inputs and of outputs (the graph's equal-count blocks)."""
+    w = w.detach()
+    keep_in = torch.ones(w.shape[1] * g, dtype=torch.bool) if keep_in is None else keep_in.cpu()
+    keep_out = torch.ones(w.shape[0], dtype=torch.bool) if keep_out is None else keep_out.cpu()
+    ins, outs = keep_in.view(g, -1), keep_out.view(g, -1)
+    if len(set(ins.sum(1).tolist())) > 1 or len(set(outs.sum(1).tolist())) > 1:
+        raise SlimmingError(f"a grouped convolution of {g} groups would keep unequal groups")
+    blocks = w.view(g, -1, *w.shape[1:])
+    parts = [blocks[j][outs[j].to(w.device)][:, ins[j].to(w.device)] for j in range(g)]
+    return torch.cat(parts).clone()

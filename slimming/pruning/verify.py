@@ -1,0 +1,214 @@
+"""Never hand back a wrong network: ``check`` runs the pruned network against its reference, the
+original with the cut channels' gamma and beta zeroed in every BatchNorm (what the graph
+promises it equals, before compensation changes anything), on one random input of the
+example's shape. A difference is a GraphError naming the first module whose outputs differ
+(forward hooks on both networks); a pruned network that does not run is one naming the module
+it failed in. Two forwards when the networks agree (the usual case), two more to find the
+module when they do not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from ..errors import first_line
+from ..utils.modules import modes_kept
+from .graph import GraphError
+from .ops import leaves
+from .trace import as_inputs
+
+TOLERANCE = 1e-3  # largest |pruned - reference| over the reference's largest |value|, per output
+
+
+def random_like(example, seed: int = 0) -> tuple:
+    """The example's inputs with every floating tensor replaced by normal noise of its shape."""
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.device, t.dtype)
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                 for t in as_inputs(example))
+
+
+@contextlib.contextmanager
+def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
+    """``model`` with gamma and beta zeroed where ``masks`` (BatchNorm name -> keep) cut; put
+    back when the block ends, whatever happens."""
+    saved = []
+    try:
+        with torch.no_grad():
+            for name, keep in masks.items():
+                bn = model.get_submodule(name)
+                if bool(keep.all()):
+                    continue
+                for t in (bn.weight, bn.bias):
+                    if t is not None:
+                        saved.append((t, t.detach().clone()))
+                        t.detach()[~keep.to(t.device)] = 0
+        yield model
+    finally:
+        with torch.no_grad():
+            for t, value in saved:
+                t.detach().copy_(value)
+
+
+def difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
+    """The largest relative difference between two lists of outputs (inf where their number
+    or shapes differ)."""
+    if len(got) != len(want) or any(a.shape != b.shape for a, b in zip(got, want)):
+        return float("inf")
+    worst = 0.0
+    for a, b in zip(got, want):
+        if a.numel():
+            a, b = a.detach().double(), b.detach().double()
+            worst = max(worst, float((a - b).abs().max() / b.abs().max().clamp_min(1e-12)))
+    return worst
+
+
+@torch.no_grad()
+def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) -> float:
+    """The largest relative difference between ``result.model`` and ``original`` with
+    ``result.masks``' cut channels zeroed, on a random input of the example's shape; GraphError
+    (the model left as it was) where it exceeds ``tolerance`` or the pruned network fails."""
+    inputs = random_like(example)
+    pruned = result.model
+    with modes_kept(original), modes_kept(pruned), zeroed(original, result.masks):
+        original.eval()
+        pruned.eval()
+        want = leaves(original(*inputs))
+        try:
+            got = leaves(_run_named(pruned, inputs))
+        except _Failed as e:
+            raise GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
+                             f"({e.error}); please report the network, and list that module in "
+                             "keep_whole= meanwhile") from None
+        diff = difference(got, want)
+        if diff <= tolerance:
+            return diff
+        kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}
+        with nudged(original):
+            moved = _outputs(original, inputs)
+        if difference(moved[1][""], want) > tolerance:  # discrete steps (NMS, top-k) in the forward
+            return stable_difference(original, pruned, inputs, moved, tolerance, kept)
+        where = first_difference(original, pruned, inputs, tolerance, kept)
+    raise GraphError(f"slimming refused its own cut: the pruned network differs from the original "
+                     f"with the cut channels zeroed by {diff:.3g} (relative), first in {where}; please "
+                     "report the network, and list that module in keep_whole= meanwhile")
+
+
+class _Failed(Exception):
+    def __init__(self, module: str, error: str):
+        super().__init__(error)
+        self.module, self.error = module, error
+
+
+def _run_named(model: nn.Module, inputs: tuple):
+    """``model(*inputs)``; a failure names the innermost module it happened in."""
+    stack, hooks = [], []
+
+    def enter(name):
+        def hook(m, args) -> None:
+            stack.append(name)
+        return hook
+
+    def leave(m, args, out) -> None:
+        if stack:
+            stack.pop()
+
+    try:
+        for name, m in model.named_modules():
+            hooks.append(m.register_forward_pre_hook(enter(name)))
+            hooks.append(m.register_forward_hook(leave))
+        try:
+            return model(*inputs)
+        except Exception as e:  # noqa: BLE001 (any failure of the pruned network is reported)
+            name = stack[-1] if stack and stack[-1] else "the model's forward"
+            raise _Failed(name, first_line(e, 160)) from None
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+@contextlib.contextmanager
+def nudged(model: nn.Module, scale: float = 1e-6):
+    """``model`` with every floating parameter and buffer moved by noise a million times
+    smaller than it (float rounding's size), put back when the block ends."""
+    gen = torch.Generator().manual_seed(1)
+    saved = [(t, t.detach().clone()) for t in (*model.parameters(), *model.buffers())
+             if t.is_floating_point() and t.numel()]
+    try:
+        with torch.no_grad():
+            for t, value in saved:
+                noise = torch.randn(t.shape, generator=gen).to(t.device, t.dtype)
+                t.add_(noise * value.abs() * scale)
+        yield model
+    finally:
+        with torch.no_grad():
+            for t, value in saved:
+                t.copy_(value)
+
+
+def _outputs(model: nn.Module, inputs: tuple) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
+    """Every module's outputs on ``inputs`` (the first call of each), in the order they finish."""
+    order, outs, hooks = [], {}, []
+    for name, m in model.named_modules():
+        def hook(m, args, out, name=name):
+            if name not in outs:
+                order.append(name)
+                outs[name] = [t.detach().clone() for t in leaves(out)]
+        hooks.append(m.register_forward_hook(hook))
+    try:
+        model(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return order, outs
+
+
+def _narrowed(ref: list[torch.Tensor], mask: torch.Tensor | None) -> list[torch.Tensor]:
+    """A module's reference outputs on the channels the cut kept, where it narrowed them."""
+    if mask is not None and len(ref) == 1 and ref[0].dim() >= 2 and ref[0].shape[1] == len(mask):
+        return [ref[0][:, mask.to(ref[0].device)]]
+    return ref
+
+
+def stable_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, nudged_outputs,
+                      tolerance: float, kept: dict[str, torch.Tensor]) -> float:
+    """For a network whose outputs jump when its weights move by float rounding's size
+    (discrete steps: non-maximum suppression, top-k proposals, near-ties sorted), the outputs
+    are compared module by module wherever the original's own stay put under that nudge:
+    GraphError at the first such module whose outputs differ; else the largest difference
+    among them."""
+    order, want = _outputs(original, inputs)
+    _, moved = nudged_outputs
+    _, got = _outputs(pruned, inputs)
+    worst = 0.0
+    for name in order:
+        if name not in got or difference(moved[name], want[name]) > tolerance / 10:
+            continue  # after a discrete step: not comparable
+        diff = difference(got[name], _narrowed(want[name], kept.get(name)))
+        if diff == float("inf"):
+            continue
+        if diff > tolerance:
+            raise GraphError(f"slimming refused its own cut: the pruned network differs from the "
+                             f"original with the cut channels zeroed by {diff:.3g} (relative), first in "
+                             f"{name or 'the model'}; please report the network, and list that module "
+                             "in keep_whole= meanwhile")
+        worst = max(worst, diff)
+    return worst
+
+
+def first_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, tolerance: float,
+                     kept: dict[str, torch.Tensor]) -> str:
+    """The first module, in the order modules finish (the innermost first), whose outputs
+    differ between the two networks: compared whole where their shapes agree, on the channels
+    ``kept`` (module -> keep-mask of its output channels) where the cut narrowed them; the
+    model's output when none does."""
+    order, want = _outputs(original, inputs)
+    _, got = _outputs(pruned, inputs)
+    for name in order:
+        if name in got and tolerance < difference(got[name], _narrowed(want[name], kept.get(name))) \
+                < float("inf"):
+            return name or "the model's output"
+    return "the model's output"

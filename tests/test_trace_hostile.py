@@ -1,0 +1,692 @@
+"""Small networks, written by hand, each reproducing one pattern real networks use and that broke
+the real-forward trace: in-place writes through views and aliases, ``.data``, activations whose
+arguments move zero, outputs held in dataclasses and plain objects, convolutions that are not
+``nn.Conv2d`` (a custom layer, a blur-pool buffer), a head that runs only in training, YOLOv10's
+PSA attention, YOLOv8's DFL decoding and ``forward_split``, a detection transform that copies the
+batch into a padded tensor, selective-kernel and MobileOne branches, GhostNetV2's DFC gate, a
+layer-scale parameter, GroupNorm and channels-last LayerNorm necks, BatchNorm1d after the pool,
+3-D convolutions, two inputs, one layer shared across feature maps.
+
+The contract for every one (``outcome``): ``slimming.prune`` either returns a network that is
+smaller and equals the original with the cut channels' gamma and beta zeroed, or refuses in one
+line with a ``SlimmingError``; either way the original is left untouched. ``MUST_PRUNE`` names
+the patterns that must be pruned exactly (what cannot be followed is kept, not refused)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_diff, sparsity_shaped, zeroed
+from test_trace import C2f, cbr, flat
+from torch import nn
+
+import slimming
+from slimming.errors import SlimmingError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # many tiny convolutions: one thread is faster
+
+
+def cb(i: int, o: int, k: int = 1, g: int = 1) -> nn.Sequential:
+    """Convolution and BatchNorm, no activation."""
+    return cbr(i, o, k, g=g)[:2]
+
+
+def head(c: int, n: int = 5) -> nn.Sequential:
+    return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, n))
+
+
+# 1-7: in-place writes, aliases, arguments and outputs the trace must see ----------------------
+
+
+class ViewWrite(nn.Module):
+    """An in-place add through a channel view of a BatchNorm's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = cbr(3, 16), cb(16, 16, 3), cbr(16, 8), head(8)
+
+    def forward(self, x):
+        y = self.a(self.stem(x))
+        y[:, 2:].add_(1)
+        return self.fc(self.b(y))
+
+
+class AliasWrite(nn.Module):
+    """An in-place add through a detached alias: the BatchNorm's output changes under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = cbr(3, 16), cb(16, 16, 3), cbr(16, 8), head(8)
+
+    def forward(self, x):
+        y = self.a(self.stem(x))
+        y.detach().add_(1)
+        return self.fc(self.b(y))
+
+
+class HardtanhArgs(nn.Module):
+    """A hardtanh whose bounds (0.1, 2.0) send a zero to 0.1: zero is not kept."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = cbr(3, 16), cb(16, 16, 3), cbr(16, 8), head(8)
+
+    def forward(self, x):
+        return self.fc(self.b(F.hardtanh(self.a(self.stem(x)), 0.1, 2.0)))
+
+
+@dataclass
+class Out:
+    logits: torch.Tensor
+    feats: torch.Tensor
+
+
+class DataclassOut(nn.Module):
+    """Returns a dataclass; ``feats``, a BatchNorm's output, is read by nothing else."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.feat, self.b, self.fc = cbr(3, 16), cb(16, 24, 3), cbr(16, 16), head(16)
+
+    def forward(self, x):
+        s = self.stem(x)
+        return Out(logits=self.fc(self.b(s)), feats=self.feat(s))
+
+
+class Holder:
+    """A plain object with attributes, as some detectors return."""
+
+    def __init__(self, logits: torch.Tensor, feature: torch.Tensor):
+        self.logits = logits
+        self.feature = feature
+        self.count = logits.shape[0]
+
+
+class ObjectOut(nn.Module):
+    """Returns a plain object holding a BatchNorm's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = cbr(3, 16), cb(16, 24, 3), cbr(24, 16), head(16)
+
+    def forward(self, x):
+        f = self.a(self.stem(x))
+        return Holder(self.fc(self.b(f)), f)
+
+
+class SetItem(nn.Module):
+    """Channels 5: of a BatchNorm's output overwritten by a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = cbr(3, 16), cb(16, 16, 3), cbr(16, 8), head(8)
+
+    def forward(self, x):
+        y = self.a(self.stem(x))
+        y[:, 5:] = 1
+        return self.fc(self.b(y))
+
+
+class DotData(nn.Module):
+    """``y.data`` of a BatchNorm's output read around autograd, then added back to ``y``."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.fc = cbr(3, 16), cb(16, 16, 3), cbr(16, 8), head(8)
+
+    def forward(self, x):
+        y = self.a(self.stem(x))
+        z = y.data * 2
+        return self.fc(self.b(z + y))
+
+
+# 8-9: convolutions that are not nn.Conv2d ----------------------------------------------------
+
+
+class PlainConv(nn.Module):
+    """A convolution of one's own: a weight parameter and ``F.conv2d``, no ``nn.Conv2d``."""
+
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(o, i, 3, 3) / math.sqrt(9 * i))
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight, padding=1)
+
+
+class CustomConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.mid = cbr(3, 16), cbr(16, 16), PlainConv(16, 24)
+        self.b, self.fc = cbr(24, 16), head(16)
+
+    def forward(self, x):
+        return self.fc(self.b(self.mid(self.a(self.stem(x)))))
+
+
+class Blur(nn.Module):
+    """timm-style blur pool: a fixed (C, 1, 3, 3) binomial filter buffer, reflect padding, a
+    depthwise stride-2 convolution grouped by the input's channel count."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        k = torch.tensor([1.0, 2.0, 1.0])
+        k2 = k[:, None] * k[None, :]
+        self.register_buffer("filt", (k2 / k2.sum())[None, None].repeat(c, 1, 1, 1))
+
+    def forward(self, x):
+        return F.conv2d(F.pad(x, (1, 1, 1, 1), mode="reflect"), self.filt, stride=2, groups=x.shape[1])
+
+
+class BlurPool(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.blur = cbr(3, 16), cbr(16, 16), Blur(16)
+        self.b, self.fc = cbr(16, 24), head(24)
+
+    def forward(self, x):
+        return self.fc(self.b(self.blur(self.a(self.stem(x)))))
+
+
+# 10: a head only training runs ---------------------------------------------------------------
+
+
+class TrainOnlyAux(nn.Module):
+    """torchvision GoogLeNet's auxiliary classifier: runs only in training, which returns
+    (main, aux); eval returns the main logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.s2, self.fc = cbr(3, 16), cbr(16, 24, 3, 2), head(24)
+        self.aux = nn.Sequential(cbr(16, 8, 1), head(8))
+
+    def forward(self, x):
+        x = self.stem(x)
+        aux = self.aux(x) if self.training else None
+        logits = self.fc(self.s2(x))
+        return (logits, aux) if self.training else logits
+
+
+# 11-13: YOLOv10 PSA, C2PSA; YOLOv8 DFL head ---------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Multi-head attention over the pixels with a positional depthwise convolution on v: qkv a
+    1x1 conv+BN to heads * (2 * key_dim + head_dim) channels, viewed per head and split."""
+
+    def __init__(self, dim: int, heads: int = 2):
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.kd = self.hd // 2
+        self.scale = self.kd ** -0.5
+        self.qkv = cb(dim, heads * (2 * self.kd + self.hd))
+        self.pe = cb(dim, dim, 3, g=dim)
+        self.proj = cb(dim, dim)
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        N = H * W
+        q, k, v = self.qkv(x).view(B, self.heads, self.kd * 2 + self.hd, N).split(
+            [self.kd, self.kd, self.hd], dim=2)
+        attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(-1)
+        x = (v @ attn.transpose(-2, -1)).view(B, C, H, W) + self.pe(v.reshape(B, C, H, W))
+        return self.proj(x)
+
+
+class PSABlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.attn, self.ffn = Attention(c), nn.Sequential(cbr(c, 2 * c, 1), cbr(2 * c, c, 1))
+
+    def forward(self, b):
+        b = b + self.attn(b)
+        return b + self.ffn(b)
+
+
+class PSA(nn.Module):
+    """YOLOv10's PSA: cv1 to 2c, split in halves, attention and a feed-forward (both residual)
+    on the second, concatenated back, cv2."""
+
+    def __init__(self, c1: int = 32):
+        super().__init__()
+        self.c = c1 // 2
+        self.stem, self.cv1 = cbr(3, c1, 3, 2), cbr(c1, 2 * self.c, 1)
+        self.block, self.cv2, self.fc = PSABlock(self.c), cbr(2 * self.c, c1, 1), head(c1)
+
+    def forward(self, x):
+        a, b = self.cv1(self.stem(x)).split((self.c, self.c), 1)
+        return self.fc(self.cv2(torch.cat((a, self.block(b)), 1)))
+
+
+class C2PSA(nn.Module):
+    """YOLO11's C2PSA: cv1, split, PSA blocks in sequence on one half, concatenation, cv2."""
+
+    def __init__(self, c1: int = 32, n: int = 2):
+        super().__init__()
+        self.c = c1 // 2
+        self.stem, self.cv1 = cbr(3, c1, 3, 2), cbr(c1, 2 * self.c, 1)
+        self.m = nn.Sequential(*(PSABlock(self.c) for _ in range(n)))
+        self.cv2, self.fc = cbr(2 * self.c, c1, 1), head(c1)
+
+    def forward(self, x):
+        a, b = self.cv1(self.stem(x)).split((self.c, self.c), 1)
+        return self.fc(self.cv2(torch.cat((a, self.m(b)), 1)))
+
+
+class DFL(nn.Module):
+    """Distribution focal loss decoding: a softmax over ``bins`` per box side, then its expected
+    value by a fixed 1x1 convolution with weights 0..bins-1 (not trained)."""
+
+    def __init__(self, bins: int = 16):
+        super().__init__()
+        self.bins = bins
+        self.conv = nn.Conv2d(bins, 1, 1, bias=False).requires_grad_(False)
+        with torch.no_grad():
+            self.conv.weight.copy_(torch.arange(bins, dtype=torch.float).view(1, bins, 1, 1))
+
+    def forward(self, x):
+        b, _, a = x.shape
+        return self.conv(x.view(b, 4, self.bins, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+
+
+class DFLHead(nn.Module):
+    """A YOLOv8-style decoupled head at strides 2 and 4: a box branch to 4 * 16 channels decoded
+    by DFL and scaled by the stride, a class branch through a sigmoid, concatenated."""
+
+    def __init__(self, nc: int = 3, bins: int = 16):
+        super().__init__()
+        self.nc, self.bins = nc, bins
+        self.p3 = nn.Sequential(cbr(3, 16, 3, 2), cbr(16, 16))
+        self.p4 = nn.Sequential(cbr(16, 24, 3, 2), cbr(24, 24))
+        self.box = nn.ModuleList(nn.Sequential(cbr(c, 16), cbr(16, 16), nn.Conv2d(16, 4 * bins, 1))
+                                 for c in (16, 24))
+        self.cls = nn.ModuleList(nn.Sequential(cbr(c, 16), cbr(16, 16), nn.Conv2d(16, nc, 1))
+                                 for c in (16, 24))
+        self.dfl = DFL(bins)
+
+    def forward(self, x):
+        p3 = self.p3(x)
+        feats = [p3, self.p4(p3)]
+        n = x.shape[0]
+        outs = [torch.cat((box(f), cls(f)), 1).view(n, 4 * self.bins + self.nc, -1)
+                for box, cls, f in zip(self.box, self.cls, feats)]
+        strides = torch.cat([torch.full((f.shape[2] * f.shape[3],), x.shape[2] / f.shape[2])
+                             for f in feats])
+        box, cls = torch.cat(outs, 2).split((4 * self.bins, self.nc), 1)
+        return torch.cat((self.dfl(box) * strides, cls.sigmoid()), 1)
+
+
+# 14-17: a detection transform, selective kernels, MobileOne, GhostNetV2 -----------------------
+
+
+class CopyTransform(nn.Module):
+    """A detector's transform inside the model: normalise, then copy the batch into the corner of
+    a zero tensor padded to a multiple of the size divisor, before the backbone."""
+
+    def __init__(self, pad: int = 8):
+        super().__init__()
+        self.pad = pad
+        self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1))
+        self.body = nn.Sequential(cbr(3, 16), cbr(16, 24, 3, 2), cbr(24, 24))
+        self.fc = nn.Linear(24, 5)
+
+    def forward(self, x):
+        x = (x - self.mean) / self.std
+        n, _, h, w = x.shape
+        batched = x.new_full((n, 3, h + self.pad, w + self.pad), 0)
+        batched[:, :, :h, :w].copy_(x)
+        return self.fc(self.body(batched).mean((2, 3)))
+
+
+class SKBlock(nn.Module):
+    """Selective kernel: two branches stacked, a squeeze of their sum, a softmax over the branches
+    per channel, their weighted sum."""
+
+    def __init__(self, c: int, d: int = 8):
+        super().__init__()
+        self.b1 = cbr(c, c)
+        self.b2 = nn.Sequential(nn.Conv2d(c, c, 3, padding=2, dilation=2, bias=False), nn.BatchNorm2d(c),
+                                nn.ReLU())
+        self.fc, self.select = cbr(c, d, 1), nn.Conv2d(d, 2 * c, 1)
+
+    def forward(self, x):
+        feats = torch.stack([self.b1(x), self.b2(x)], 1)
+        B, _, C = feats.shape[:3]
+        s = feats.sum(1).mean((2, 3), keepdim=True)
+        attn = self.select(self.fc(s)).view(B, 2, C, 1, 1).softmax(1)
+        return (feats * attn).sum(1)
+
+
+class SelectiveKernel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.sk, self.b, self.fc = cbr(3, 16), SKBlock(16), cbr(16, 24), head(24)
+
+    def forward(self, x):
+        return self.fc(self.b(self.sk(self.stem(x))))
+
+
+class MOBlock(nn.Module):
+    """MobileOne's training-time block: a BatchNorm-only identity branch plus 3x3 and 1x1
+    conv+BN branches, summed, then ReLU."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.bn_id = nn.BatchNorm2d(c)
+        self.conv3, self.bn_a = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.conv1, self.bn_b = nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(self.bn_id(x) + self.bn_a(self.conv3(x)) + self.bn_b(self.conv1(x)))
+
+
+class MobileOne(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.blocks = cbr(3, 16), nn.Sequential(MOBlock(16), MOBlock(16))
+        self.b, self.fc = cbr(16, 8), head(8)
+
+    def forward(self, x):
+        return self.fc(self.b(self.blocks(self.stem(x))))
+
+
+class GhostV2Module(nn.Module):
+    """GhostNetV2's module with DFC attention: the ghost output (primary, cheap depthwise copy,
+    concatenated, sliced to ``out``) times a gate computed at half resolution by a 1x1 conv and
+    (1, 5), (5, 1) depthwise convs, upsampled by nearest interpolation."""
+
+    def __init__(self, i: int, out: int):
+        super().__init__()
+        init = (out + 1) // 2
+        self.out, self.primary, self.cheap = out, cbr(i, init, 1), cbr(init, init, 3, g=init)
+        self.short_conv = nn.Sequential(
+            nn.Conv2d(i, out, 1, bias=False), nn.BatchNorm2d(out),
+            nn.Conv2d(out, out, (1, 5), padding=(0, 2), groups=out, bias=False), nn.BatchNorm2d(out),
+            nn.Conv2d(out, out, (5, 1), padding=(2, 0), groups=out, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        res = self.short_conv(F.avg_pool2d(x, 2, 2))
+        x1 = self.primary(x)
+        out = torch.cat([x1, self.cheap(x1)], 1)[:, :self.out]
+        return out * F.interpolate(res.sigmoid(), size=out.shape[-1], mode="nearest")
+
+
+class GhostV2DFC(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.g1, self.g2 = cbr(3, 16), GhostV2Module(16, 24), GhostV2Module(24, 21)
+        self.fc = head(21)
+
+    def forward(self, x):
+        return self.fc(self.g2(self.g1(self.stem(x))))
+
+
+# 18-25: forward_split, layer scale, normalisations, other inputs, shared layers --------------
+
+
+class C2fWithSplit(C2f):
+    """YOLOv8's C2f with its second forward: ``split((c, c))`` by the width it was built with."""
+
+    def forward_split(self, x):
+        y = list(self.cv1(x).split((self.c, self.c), 1))
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+class C2fSplit(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem, self.block, self.head = cbr(3, 16, 3, 2), C2fWithSplit(16, 32), nn.Conv2d(32, 6, 1)
+
+    def forward(self, x):
+        return self.head(self.block(self.stem(x)))
+
+
+class LSBlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.gamma = nn.Parameter(torch.rand(c) * 0.5 + 0.1)
+        self.body = cbr(c, c)
+
+    def forward(self, x):
+        return x + self.gamma.view(1, -1, 1, 1) * self.body(x)
+
+
+class LayerScale(nn.Module):
+    """Residual blocks scaled per channel by a parameter (ConvNeXt, CaiT)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.blocks = cbr(3, 16), nn.Sequential(LSBlock(16), LSBlock(16))
+        self.b, self.fc = cbr(16, 8), head(8)
+
+    def forward(self, x):
+        return self.fc(self.b(self.blocks(self.stem(x))))
+
+
+class GroupNormNeck(nn.Module):
+    """An FPN-decoder-style neck: a convolution without BatchNorm, GroupNorm(4), ReLU, then cbr
+    and per-pixel logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(cbr(3, 16), cbr(16, 32, 3, 2))
+        self.lateral, self.gn = nn.Conv2d(32, 16, 1), nn.GroupNorm(4, 16)
+        self.out, self.logits = cbr(16, 8), nn.Conv2d(8, 3, 1)
+
+    def forward(self, x):
+        return self.logits(self.out(F.relu(self.gn(self.lateral(self.body(x))))))
+
+
+class ChannelsLastLN(nn.Module):
+    """ConvNeXt-style LayerNorm over the channels, in channels-last layout between two permutes."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.ln = cbr(3, 16), cbr(16, 24), nn.LayerNorm(24)
+        self.b, self.fc = cbr(24, 16), head(16)
+
+    def forward(self, x):
+        y = self.a(self.stem(x))
+        y = self.ln(y.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return self.fc(self.b(y))
+
+
+class PooledBN1d(nn.Module):
+    """A BatchNorm1d on the pooled features, before the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(cbr(3, 16), cbr(16, 24, 3, 2), cbr(24, 24))
+        self.bn, self.fc = nn.BatchNorm1d(24), nn.Linear(24, 5)
+
+    def forward(self, x):
+        return self.fc(self.bn(torch.flatten(F.adaptive_avg_pool2d(self.body(x), 1), 1)))
+
+
+def cbr3d(i: int, o: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv3d(i, o, 3, padding=1, bias=False), nn.BatchNorm3d(o), nn.ReLU())
+
+
+class Video3d(nn.Module):
+    """3-D convolutions over (frames, height, width)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.fc = nn.Sequential(cbr3d(3, 8), cbr3d(8, 16), cbr3d(16, 16)), nn.Linear(16, 5)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.adaptive_avg_pool3d(self.body(x), 1), 1))
+
+
+class TwoInputs(nn.Module):
+    """Two images through one shared stem (the same module called twice), features added."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.body, self.fc = cbr(3, 16), cbr(16, 24), head(24)
+
+    def forward(self, a, b):
+        return self.fc(self.body(self.stem(a) + self.stem(b)))
+
+
+class SharedConv(nn.Module):
+    """RetinaNet-style: one head (cbr and prediction conv) applied to two feature maps of the
+    same width, outputs concatenated over the positions."""
+
+    def __init__(self):
+        super().__init__()
+        self.p3, self.p4 = cbr(3, 16, 3, 2), cbr(16, 16, 3, 2)
+        self.shared, self.pred = cbr(16, 16), nn.Conv2d(16, 6, 1)
+
+    def forward(self, x):
+        a = self.p3(x)
+        return torch.cat([self.pred(self.shared(f)).flatten(2) for f in (a, self.p4(a))], 2)
+
+
+PATTERNS = {m.__name__: m for m in (
+    ViewWrite, AliasWrite, HardtanhArgs, DataclassOut, ObjectOut, SetItem, DotData, CustomConv,
+    BlurPool, TrainOnlyAux, PSA, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
+    GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
+    TwoInputs, SharedConv)}
+
+INPUTS = {"Video3d": [(3, 4, 16, 16)], "TwoInputs": [(3, 32, 32), (3, 32, 32)]}
+
+# Every pattern must be pruned exactly: an op the trace cannot follow keeps its channels, it does
+# not refuse the network. Where each comes from:
+MUST_PRUNE = {
+    "ViewWrite": "in-place write through a view", "AliasWrite": "in-place write through detach()",
+    "HardtanhArgs": "hardtanh(0.1, 2.0)", "DataclassOut": "HF-style dataclass outputs",
+    "ObjectOut": "plain object outputs", "SetItem": "y[:, 5:] = 1", "DotData": "y.data",
+    "CustomConv": "F.conv2d with an own weight", "BlurPool": "timm BlurPool2d",
+    "TrainOnlyAux": "torchvision GoogLeNet / Inception aux", "PSA": "YOLOv10 PSA", "C2PSA": "YOLO11 C2PSA",
+    "DFLHead": "YOLOv8 Detect + DFL", "CopyTransform": "torchvision GeneralizedRCNNTransform",
+    "SelectiveKernel": "timm SelectiveKernel", "MobileOne": "MobileOne / RepVGG training blocks",
+    "GhostV2DFC": "GhostNetV2 DFC attention", "C2fSplit": "YOLOv8 C2f.forward_split",
+    "LayerScale": "ConvNeXt / CaiT layer scale", "GroupNormNeck": "FPN decoder with GroupNorm",
+    "ChannelsLastLN": "ConvNeXt LayerNorm", "PooledBN1d": "BatchNorm1d neck (re-id)",
+    "Video3d": "3-D CNNs (R3D, X3D)", "TwoInputs": "siamese / two-stream", "SharedConv": "RetinaNet head",
+}
+
+
+def example(name: str, batch: int = 1, seed: int = 0):
+    """The model's input: a tensor, or a tuple for a model of several inputs."""
+    g = torch.Generator().manual_seed(seed)
+    xs = tuple(torch.randn(batch, *shape, generator=g) for shape in INPUTS.get(name, [(3, 32, 32)]))
+    return xs[0] if len(xs) == 1 else xs
+
+
+def plain(out):
+    """Outputs as dicts and lists of tensors: dataclasses and plain objects by their ``vars()``,
+    anything that is not a tensor dropped; ``flat`` takes it from there."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        values = list(out.values())
+    elif isinstance(out, (list, tuple)):
+        values = list(out)
+    elif hasattr(out, "__dict__"):
+        values = list(vars(out).values())
+    else:
+        return []
+    kept = [plain(v) for v in values]
+    return [v for v in kept if isinstance(v, torch.Tensor) or len(v)]
+
+
+def run(model: nn.Module, ex) -> torch.Tensor:
+    with torch.no_grad():
+        return flat(plain(model(*(ex if isinstance(ex, tuple) else (ex,)))))
+
+
+def count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def outcome(model: nn.Module, ex, p: float) -> str:
+    """Prune ``model`` (in eval mode, gammas already set) at ``p`` on the example ``ex``:
+    "exact" when the pruned network is smaller and equals the zeroed original on a random batch of
+    2, "refused: MESSAGE" on a one-line SlimmingError; else what went wrong ("wrong: ...",
+    "not smaller: ...", "broken: ...", "refused in several lines: ...", "changed the original")."""
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = (tuple(torch.randn(2, *e.shape[1:], generator=torch.Generator().manual_seed(i))
+                   for i, e in enumerate(ex)) if isinstance(ex, tuple)
+             else torch.randn(2, *ex.shape[1:], generator=torch.Generator().manual_seed(7)))
+    try:
+        result = slimming.prune(model, percent=p, example_inputs=ex, compensate=False)
+    except SlimmingError as e:
+        got = f"refused: {e}" if "\n" not in str(e) else f"refused in several lines: {str(e)!r}"
+    except Exception as e:  # anything else is a bug: name it
+        got = f"broken: prune raised {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e) else ''}"
+    else:
+        try:
+            a, b = run(result.model, batch), run(zeroed(model, result.masks), batch)
+        except Exception as e:
+            got = f"broken: the pruned network fails: {type(e).__name__}: {str(e).strip()[:200]}"
+        else:
+            if a.shape != b.shape:
+                got = f"wrong: outputs of {tuple(a.shape)} values, the zeroed original's {tuple(b.shape)}"
+            elif not rel_diff(a, b) < 1e-4:
+                got = f"wrong: relative difference {rel_diff(a, b):.3g} from the zeroed original"
+            elif count(result.model) >= count(model):
+                got = f"not smaller: {count(result.model)} parameters, the original {count(model)}"
+            else:
+                got = "exact"
+    after = model.state_dict()
+    changed = [k for k, v in before.items() if k not in after or not torch.equal(after[k], v)]
+    if changed:
+        got += f" (and changed the original: {', '.join(changed[:5])})"
+    return got
+
+
+def build(name: str, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    model = PATTERNS[name]().eval()
+    sparsity_shaped(model, seed)
+    return model
+
+
+@pytest.mark.parametrize("percent", [0.3, 0.6])
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", PATTERNS)
+def test_every_pattern_is_pruned_exactly_or_refused_in_one_line(name, seed, percent):
+    got = outcome(build(name, seed), example(name, 1, seed), percent)
+    if name in MUST_PRUNE:
+        assert got == "exact", f"{name} ({MUST_PRUNE[name]}), seed {seed}, percent {percent}: {got}"
+    assert got == "exact" or (got.startswith("refused: ") and "changed the original" not in got), \
+        f"{name}, seed {seed}, percent {percent}: {got}"
+
+
+def test_a_head_only_training_runs_still_runs_after_the_cut():
+    model = build("TrainOnlyAux", 2)
+    x = example("TrainOnlyAux", 2, 2)
+    result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+    pruned = result.model.train()
+    main, aux = pruned(x)
+    assert main.shape == aux.shape == (2, 5)
+    assert pruned.eval()(x).shape == (2, 5)
+
+
+def test_c2f_forward_split_equals_forward_after_the_cut():
+    model = build("C2fSplit", 0)
+    x = example("C2fSplit", 2, 0)
+    result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+    pruned = result.model
+    assert result.masks["block.cv1.1"].sum() < 32, "the test needs cv1 cut"
+    with torch.no_grad():
+        h = pruned.stem(x)
+        assert rel_diff(pruned.block.forward_split(h), pruned.block(h)) < 1e-6
+
+
+def test_a_blur_pool_filter_keeps_one_row_per_input_channel():
+    model = build("BlurPool", 4)
+    x = example("BlurPool", 2, 4)
+    result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+    pruned = result.model
+    assert pruned.blur.filt.shape[0] == pruned.a[1].num_features
+    with torch.no_grad():
+        assert pruned(x).shape == (2, 5)

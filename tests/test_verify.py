@@ -1,0 +1,191 @@
+"""What keeps a pruned network honest beyond the trace's rules: ``verify`` (the pruned network
+checked against the zeroed original in the same call), every module's train/eval flag left as
+it was, compensation over any output structure, widths kept in integer attributes, layers of
+your own (``register_layer``), and pruned networks of these layers saved and loaded back."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_diff, sparsity_shaped, zeroed
+from slimming.models import layers
+from test_trace import cbr
+from test_trace_hostile import PATTERNS, example, plain, run
+from torch import nn
+
+import slimming
+from slimming.pruning import ops
+from slimming.pruning.graph import GraphError
+
+torchvision = pytest.importorskip("torchvision")
+
+
+class Gate(nn.Module):
+    """sigmoid(BN output) read by a convolution: sigmoid(0) = 0.5, so the cut channels are not
+    zero for the reader, and the trace must keep them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.fc = cbr(3, 16)[:2], cbr(16, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.fc(self.b(torch.sigmoid(self.a(x))).mean((2, 3)))
+
+
+def test_verify_refuses_a_wrong_cut_names_the_module_and_leaves_the_model(monkeypatch):
+    model = Gate().eval()
+    sparsity_shaped(model, 0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    exact = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16))
+    assert exact.verified is not None and exact.verified < 1e-5
+    # a deliberately wrong rule: sigmoid said to keep zeros, so the reader's channels get cut
+    monkeypatch.setattr(ops, "ELEMENTWISE", ops.ELEMENTWISE - {"sigmoid"})
+    monkeypatch.setattr(ops, "ZERO_OPS", ops.ZERO_OPS | {"sigmoid"})
+    import slimming.pruning.trace as trace_module
+    monkeypatch.setattr(trace_module, "ELEMENTWISE", ops.ELEMENTWISE)
+    monkeypatch.setattr(trace_module, "ZERO_OPS", ops.ZERO_OPS)
+    with pytest.raises(GraphError) as e:
+        slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16))
+    message = str(e.value)
+    assert "differs from the original" in message and "first in b.0" in message and "\n" not in message
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    unchecked = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16),
+                               verify=False, compensate=False)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # what verify kept from the user: a network that is not the promise
+        assert rel_diff(unchecked.model(x), zeroed(model, unchecked.masks)(x)) > 1e-3
+    assert unchecked.verified is None
+
+
+def test_every_modules_train_or_eval_flag_is_left_as_it_was():
+    model = torchvision.models.resnet18(num_classes=10).train()
+    model.layer2[0].bn1.eval()  # a BatchNorm frozen in eval inside a training model
+    sparsity_shaped(model, 1)
+    flags = {n: m.training for n, m in model.named_modules()}
+    for how in ({"percent": 0.5}, {"target_flops": 0.6}):
+        result = slimming.prune(model, example_inputs=torch.zeros(1, 3, 32, 32), **how)
+        assert {n: m.training for n, m in model.named_modules()} == flags, how
+        assert {n: m.training for n, m in result.model.named_modules()} == flags, how
+
+
+class TupleOut(nn.Module):
+    """A YOLO-style eval output: (predictions, {"features": [...]})."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = cbr(3, 16), cbr(16, 16, 1), nn.Conv2d(16, 6, 1)
+
+    def forward(self, x):
+        f = self.b(self.a(x))
+        return self.c(f).flatten(2), {"features": [f.mean((2, 3))]}
+
+
+def test_compensation_takes_any_output_structure():
+    model = TupleOut().eval()
+    sparsity_shaped(model, 3)
+    result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16))
+    assert result.compensation["layers"] >= 1
+    out = result.model(torch.randn(1, 3, 16, 16))
+    assert isinstance(out, tuple) and isinstance(out[1], dict)
+
+
+def test_widths_kept_in_integer_attributes_follow_the_cut():
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet18", pretrained=False, num_classes=5).eval()
+    sparsity_shaped(model, 2)
+    result = slimming.prune(model, percent=0.6, example_inputs=torch.zeros(1, 3, 32, 32))
+    assert result.model.num_features == result.model.fc.in_features < model.num_features
+    assert ("", "num_features", model.num_features, result.model.num_features) in result.widths
+
+
+class Reads(nn.Module):
+    """timm's CspStage keeps ``expand_chs`` and splits by half of it: a width the forward reads
+    as a fixed size, which matches the concatenation the cut narrows."""
+
+    def __init__(self):
+        super().__init__()
+        self.chs = 32
+        self.a, self.b, self.out = cbr(3, 32), cbr(16, 16), cbr(32, 8)
+
+    def forward(self, x):
+        p, q = self.a(x).split(self.chs // 2, 1)
+        return self.out(torch.cat([p, self.b(q)], 1))
+
+
+def test_a_width_read_as_a_fixed_size_is_left_and_the_cut_stays_exact():
+    model = Reads().eval()
+    sparsity_shaped(model, 0)
+    with pytest.warns(UserWarning, match="left as they were, since the forward reads them as fixed "
+                      "sizes: chs"):
+        result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16),
+                                compensate=False)
+    assert result.model.chs == 32 and result.model.b[0].out_channels < 16 and not result.widths
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+
+
+class Deform(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = cbr(3, 16)
+        self.offsets = nn.Conv2d(16, 18, 3, padding=1)
+        self.dc = torchvision.ops.DeformConv2d(16, 24, 3, padding=1)
+        self.bn, self.out = nn.BatchNorm2d(24), nn.Conv2d(24, 5, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        return self.out(F.relu(self.bn(self.dc(y, self.offsets(y)))))
+
+
+@pytest.fixture
+def deform_rule():
+    rule = slimming.LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0},
+                              widths={"in_channels": "in", "out_channels": "out"})
+    name = slimming.register_layer(torchvision.ops.DeformConv2d, rule)
+    yield name
+    layers.RULES.pop(name)
+    layers.MODULE_RULES.pop(torchvision.ops.DeformConv2d)
+
+
+def test_a_layer_of_your_own_is_followed_by_its_rule(deform_rule, tmp_path):
+    model = Deform().eval()
+    sparsity_shaped(model, 5)
+    x = torch.randn(2, 3, 16, 16)
+    result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+    dc = result.model.dc
+    assert dc.weight.shape == (dc.out_channels, dc.in_channels, 3, 3)
+    assert dc.in_channels < 16 and dc.out_channels < 24
+    assert result.model.offsets.in_channels == dc.in_channels  # the offsets' producer reads the same
+    assert result.model.offsets.out_channels == 18  # offsets are positions, not channels: kept
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+    slimming.save_pruned(result.model, tmp_path / "deform.pth")
+    again = slimming.load_pruned(tmp_path / "deform.pth", Deform()).eval()
+    with torch.no_grad():
+        assert torch.equal(again(x), result.model(x))
+
+
+def test_a_layer_rule_must_say_what_it_cuts():
+    with pytest.raises(slimming.SlimmingError, match="makes channels"):
+        slimming.register_layer(nn.Identity, slimming.LayerRule())
+    with pytest.raises(slimming.SlimmingError, match="nn.Module subclass"):
+        slimming.register_layer(int, slimming.LayerRule(carries={"weight": 0}))
+
+
+@pytest.mark.parametrize("name", ["LayerScale", "BlurPool", "CustomConv", "Video3d", "PooledBN1d",
+                                  "DotData"])
+def test_pruned_networks_of_these_layers_load_into_a_fresh_instance(name, tmp_path):
+    torch.manual_seed(0)
+    model = PATTERNS[name]().eval()
+    sparsity_shaped(model, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.5, example_inputs=example(name))
+    slimming.save_pruned(result.model, tmp_path / "p.pth")
+    torch.manual_seed(1)
+    again = slimming.load_pruned(tmp_path / "p.pth", PATTERNS[name]()).eval()
+    x = example(name, batch=2, seed=4)
+    with torch.no_grad():
+        assert torch.equal(plain(run(again, x)), plain(run(result.model.eval(), x)))
