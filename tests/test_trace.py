@@ -395,3 +395,18 @@ def test_a_pruned_network_of_these_layers_saves_and_loads_into_a_fresh_instance(
     with torch.no_grad():
         assert torch.equal(flat(loaded(x)), flat(result.model.eval()(x)))
     assert sum(p.numel() for p in loaded.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch,encoder", [("Unet", "resnet18"), ("FPN", "efficientnet-b0"),
+                                          ("DeepLabV3Plus", "resnet18")])
+def test_segmentation_models_pytorch_decoders(arch, encoder):
+    """Decoders others wrote (a test extra: segmentation-models-pytorch, MIT), their encoders'
+    channels cut where a skip connection or a GroupNorm decoder reads them."""
+    smp = pytest.importorskip("segmentation_models_pytorch")
+    torch.manual_seed(0)
+    model = getattr(smp, arch)(encoder, encoder_weights=None, classes=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_exact(model, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5)),
+                             percents=(0.3, 0.7))
+    assert result.model(torch.zeros(1, 3, 64, 64)).shape == (1, 3, 64, 64)

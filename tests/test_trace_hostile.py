@@ -549,11 +549,24 @@ class SharedConv(nn.Module):
         return torch.cat([self.pred(self.shared(f)).flatten(2) for f in (a, self.p4(a))], 2)
 
 
+class StackLast(nn.Module):
+    """Two branches stacked after the channels and averaged (a multi-scale fusion): the stack
+    ties them, as a sum does."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.b, self.out = cbr(3, 16), cbr(16, 16), cbr(16, 16, 1), cbr(16, 8)
+
+    def forward(self, x):
+        x = self.stem(x)
+        return self.out(torch.stack([self.a(x), self.b(x)], dim=-1).amax(-1))
+
+
 PATTERNS = {m.__name__: m for m in (
     ViewWrite, AliasWrite, HardtanhArgs, DataclassOut, ObjectOut, SetItem, DotData, CustomConv,
     BlurPool, TrainOnlyAux, PSA, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
     GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
-    TwoInputs, SharedConv)}
+    TwoInputs, SharedConv, StackLast)}
 
 INPUTS = {"Video3d": [(3, 4, 16, 16)], "TwoInputs": [(3, 32, 32), (3, 32, 32)]}
 
@@ -568,6 +581,7 @@ MUST_PRUNE = {
     "DFLHead": "YOLOv8 Detect + DFL", "CopyTransform": "torchvision GeneralizedRCNNTransform",
     "SelectiveKernel": "timm SelectiveKernel", "MobileOne": "MobileOne / RepVGG training blocks",
     "GhostV2DFC": "GhostNetV2 DFC attention", "C2fSplit": "YOLOv8 C2f.forward_split",
+    "StackLast": "stack of branches after the channels",
     "LayerScale": "ConvNeXt / CaiT layer scale", "GroupNormNeck": "FPN decoder with GroupNorm",
     "ChannelsLastLN": "ConvNeXt LayerNorm", "PooledBN1d": "BatchNorm1d neck (re-id)",
     "Video3d": "3-D CNNs (R3D, X3D)", "TwoInputs": "siamese / two-stream", "SharedConv": "RetinaNet head",

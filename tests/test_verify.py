@@ -116,8 +116,8 @@ class Reads(nn.Module):
 def test_a_width_read_as_a_fixed_size_is_left_and_the_cut_stays_exact():
     model = Reads().eval()
     sparsity_shaped(model, 0)
-    with pytest.warns(UserWarning, match="left as they were, since the forward reads them as fixed "
-                      "sizes: chs"):
+    with pytest.warns(UserWarning, match=r"1 integer attribute\(s\) left as they were \(the forward reads "
+                      r"them as fixed sizes\): chs"):
         result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16),
                                 compensate=False)
     assert result.model.chs == 32 and result.model.b[0].out_channels < 16 and not result.widths
@@ -189,3 +189,37 @@ def test_pruned_networks_of_these_layers_load_into_a_fresh_instance(name, tmp_pa
     x = example(name, batch=2, seed=4)
     with torch.no_grad():
         assert torch.equal(plain(run(again, x)), plain(run(result.model.eval(), x)))
+
+
+def test_unchecked_widths_are_left_and_named():
+    """verify=False: no integer width is set that only the check could vouch for."""
+    model = Reads().eval()
+    sparsity_shaped(model, 0)
+    with pytest.warns(UserWarning, match=r"verify=False: set only where checked\): chs"):
+        result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16),
+                                verify=False, compensate=False)
+    assert result.model.chs == 32 and not result.widths
+
+
+class ZeroStart(nn.Module):
+    """timm's MobileOne block sums its branches from ``out = 0``: 0 + x keeps x's zeros."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.out = cbr(3, 16), cbr(16, 8)
+        self.branches = nn.ModuleList(cbr(16, 16)[:2] for _ in range(2))
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = 0
+        for b in self.branches:
+            y += b(x)
+        return self.out(F.relu(y))
+
+
+def test_a_sum_started_at_zero_is_cut_like_any_sum():
+    model = ZeroStart().eval()
+    sparsity_shaped(model, 3)
+    result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16), compensate=False)
+    assert not result.masks["branches.0.1"].all()
+    assert torch.equal(result.masks["branches.0.1"], result.masks["branches.1.1"])  # tied by the sum

@@ -249,19 +249,28 @@ class ChannelGraph:
     def refine(self, m: Map, pieces: int) -> list[Map] | None:
         """Split the one whole, untied space ``m`` covers into ``pieces`` equal spaces of their
         own (linked by equal counts); None when ``m`` is not such a space."""
+        size = sum(s.length for s in m.segs)
+        if size % pieces:
+            return None
+        maps = self.cut_into(m, [size // pieces] * pieces)
+        if maps is not None:
+            self.equal.append(("chunk", [mp.segs for mp in maps]))
+        return maps
+
+    def cut_into(self, m: Map, sizes: list[int]) -> list[Map] | None:
+        """Split the one whole, untied space ``m`` covers into spaces of ``sizes`` channels, in
+        order; None when ``m`` is not such a space (a slice, a concatenation, tied already)."""
         m = self.resolve(m)
-        if len(m.segs) != 1:
+        if len(m.segs) != 1 or len(sizes) < 2:
             return None
         s = m.segs[0]
         size = self.sizes[s.space]
-        if s.start or s.length != size or size % pieces or self.find(s.space) != s.space \
+        if s.start or s.length != size or sum(sizes) != size or self.find(s.space) != s.space \
                 or any(self.parent[o] == s.space for o in range(len(self.parent)) if o != s.space):
             return None
-        new = [self.new_space(size // pieces) for _ in range(pieces)]
+        new = [self.new_space(n) for n in sizes]
         self.refined[s.space] = new  # groups() skips it: its pieces are the spaces now
-        maps = [Map([Seg(p, 0, size // pieces, s.gated)], m.factor) for p in new]
-        self.equal.append(("chunk", [mp.segs for mp in maps]))
-        return maps
+        return [Map([Seg(p, 0, n, s.gated)], m.factor) for p, n in zip(new, sizes)]
 
     def pin(self, m: Map, why: str) -> None:
         for seg in m.segs:
@@ -294,6 +303,12 @@ class ChannelGraph:
         pinned instead: kept whole, they stay equal."""
         a, b = self.resolve(a), self.resolve(b)
         la, lb = [s.length for s in a.segs], [s.length for s in b.segs]
+        if la != lb and sum(la) == sum(lb) and a.factor == b.factor and \
+                (self.cut_into(a, lb) is not None or self.cut_into(b, la) is not None):
+            # one side a whole space of its own, the other a concatenation (GhostNetV2's gate
+            # times its cat of a layer's channels and their cheap copies): cut to match
+            a, b = self.resolve(a), self.resolve(b)
+            la, lb = [s.length for s in a.segs], [s.length for s in b.segs]
         if la == lb and a.factor == b.factor:
             pairs = []
             for sa, sb in zip(a.segs, b.segs):

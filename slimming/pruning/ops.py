@@ -161,8 +161,8 @@ class ChannelOps:
                                            "module's per-channel parameter or buffer", maps, out)
                     scales.append(scale)
                 broadcast = True
-            elif isinstance(a, (int, float)):
-                broadcast = broadcast or op in SUM_OPS
+            elif isinstance(a, (int, float)):  # a number: 0 + x keeps x's zeros (an empty sum's start)
+                broadcast = broadcast or (op in SUM_OPS and a != 0)
         if not full or (op == "div" and self.get(args[1]) is not None):
             return self.opaque(op, "an op whose channels it cannot pair", maps, out)
         result = full[0]
@@ -193,7 +193,7 @@ class ChannelOps:
         # counts in every head, and queries, keys and values cut apart where the module splits
         # them by sizes it keeps in attributes (key_dim, head_dim); a channel shuffle's view,
         # transpose, view needs a channel permutation. Neither fits a map over one channel dim.
-        split = len(after) > len(before) and len(after) >= 3 and after[0] == before[0] \
+        split = len(after) >= 3 and after[0] == before[0] and after[1] > 1 \
             and after[1] * after[2] == before[1]
         what = "a reshape that splits the channels into groups (attention heads, a channel shuffle)" \
             if split else "a reshape that moves the channels"
@@ -213,7 +213,7 @@ class ChannelOps:
             for _, m in inputs:  # a sum over zeroed channels is the same; a mean or max is not
                 if op != "sum" or any(not s.gated for s in m.segs):
                     self.g.pin(m, f"{self.where()}: {op} over the channels")
-            return self.set(values, None)
+            return self.fresh(values, f"{self.where()}: made by {op} over the channels")
         self.opaque(op, f"a reduction from {before} to {after}", [x], out)
 
     def op_cat(self, op, args, kwargs, out, inputs) -> None:
@@ -229,6 +229,19 @@ class ChannelOps:
             return self.set(out, result)
         self.opaque(op, f"a concatenation along dim {dim} of tensors it cannot pair",
                     [m for _, m in inputs], out)
+
+    def op_stack(self, op, args, kwargs, out, inputs) -> None:
+        """``stack`` along a dim after the channels ties its operands (they stay at dim 1, as a
+        concatenation along another dim does); before them, the channels move: kept."""
+        parts = arg(args, kwargs, 0, "tensors")
+        maps = [self.get(t) for t in parts]
+        if arg(args, kwargs, 1, "dim", 0) % out.dim() >= 2 and all(m is not None and m.factor == 1
+                                                                    for m in maps):
+            result = maps[0]
+            for m in maps[1:]:
+                result = self.g.tie(result, m, f"{self.where()}: stack of channels it cannot pair")
+            return self.set(out, result)
+        self.opaque(op, "a stack that moves the channels", [m for _, m in inputs], out)
 
     def split(self, op: str, args, kwargs, out, inputs) -> None:
         """split / chunk / tensor_split / unbind: along the channels each piece gets its run of
@@ -249,7 +262,7 @@ class ChannelOps:
         if op == "unbind":
             self.g.pin(x, f"{self.where()}: unbind over the channels")
             for p in pieces:
-                self.set(p, None)
+                self.fresh(p, f"{self.where()}: a piece of unbind over the channels")
             return
         sizes = [p.shape[1] for p in pieces]
         count = arg(args, kwargs, 1, "chunks" if op == "chunk" else "sections")

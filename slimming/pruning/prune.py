@@ -220,6 +220,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             result = plan.build(masks, threshold, guarded)
         if verify:
             result.verified = _checked(model, result, example)
+        elif result.widths:  # unchecked: no width is set that only the check could vouch for
+            _settle(result, lambda: None, most=0)
         if compensate:
             result.compensation = repair.compensate(model, result, example)
     return result
@@ -227,20 +229,43 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
 
 def _checked(model: nn.Module, result: PruneResult, example) -> float:
     """``verify.check``; where it fails and integer widths were set, once more with them as they
-    were (the forward reads them as fixed sizes, not as the widths they matched)."""
+    were (the forward reads some as fixed sizes, not as the widths they matched), then each
+    module's set again where the check still passes."""
     try:
         return check(model, result, example)
     except GraphError:
         if not result.widths:
             raise
-    for name, attr, old, _ in result.widths:
-        setattr(result.model.get_submodule(name), attr, old)
-    names = ", ".join(f"{name}.{attr}" if name else attr for name, attr, _, _ in result.widths)
-    result.widths = []
-    verified = check(model, result, example)
-    warnings.warn(f"integer attribute(s) left as they were, since the forward reads them as fixed sizes: "
-                  f"{names}", stacklevel=3)
-    return verified
+    _settle(result, lambda: check(model, result, example))
+    return check(model, result, example)
+
+
+def _settle(result: PruneResult, test: Callable[[], object], most: int = 16) -> None:
+    """Put every integer width ``update_widths`` set back, then set each module's again where
+    ``test`` (the check) still passes with it, for at most ``most`` modules; say which stay as
+    they were."""
+    by_module: dict[str, list] = {}
+    for change in result.widths:
+        by_module.setdefault(change[0], []).append(change)
+
+    def apply(changes, new: bool) -> None:
+        for name, attr, old, value in changes:
+            setattr(result.model.get_submodule(name), attr, value if new else old)
+
+    apply(result.widths, False)
+    kept = []
+    for changes in list(by_module.values())[:most]:
+        apply(changes, True)
+        try:
+            test()
+            kept += changes
+        except Exception:  # noqa: BLE001 (this module's widths break the forward: back)
+            apply(changes, False)
+    left = [c for c in result.widths if c not in kept]
+    result.widths = kept
+    names = ", ".join(f"{name}.{attr}" if name else attr for name, attr, _, _ in left[:6])
+    why = "the forward reads them as fixed sizes" if most else "verify=False: set only where checked"
+    warnings.warn(f"{len(left)} integer attribute(s) left as they were ({why}): {names}", stacklevel=4)
 
 
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -83,8 +83,11 @@ def side_of(use: Use) -> str:
     return "in" if use.kind.endswith("_in") else "out" if use.kind.endswith("_out") else "channels"
 
 
+# integer attributes that never hold a width, whatever value they have
 NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_heads", "heads", "depth",
-              "num_layers", "n", "k", "s", "p", "d", "g", "e", "training"}
+              "num_layers", "n", "k", "s", "p", "d", "g", "e", "training", "num_classes", "img_size",
+              "image_size", "input_size", "patch_size", "window_size", "resolution", "size", "seed",
+              "index", "idx", "i", "layer_idx", "block_idx", "stage", "scale_factor", "reduction"}
 _LAYERS = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._BatchNorm)  # ``cut`` sets theirs
 
 

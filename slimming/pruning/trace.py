@@ -235,7 +235,9 @@ class _Walk(ChannelOps):
                 self.g.frames.setdefault(self.stack[-1], []).append(m)
 
     def fresh(self, t: torch.Tensor, why: str) -> None:
-        """``t`` gets channels of its own, kept whole (None for a tensor without channels)."""
+        """``t`` gets channels of its own, kept whole (None for a tensor without channels): what
+        the trace cannot map channel by channel is still followed, so that the layers after it
+        are known and cut."""
         if isinstance(t, torch.Tensor):
             self.set(t, Map([Seg(self.g.new_space(t.shape[1], why), 0, t.shape[1], False)])
                      if t.dim() >= 2 else None)
@@ -336,14 +338,14 @@ class _Walk(ChannelOps):
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         writes = target is not None and in_place(func, args, kwargs, out)
         before = self.get(target) if writes else None
-        inputs = [m for m in (self.get(t) for t in tensors(list(args) + list(kwargs.values())))
-                  if m is not None]
+        inputs = [(t, self.get(t)) for t in tensors(list(args) + list(kwargs.values()))]
+        inputs = [(t, m) for t, m in inputs if m is not None]
         try:
-            self.op(op, func, args, kwargs, out)
+            self.op(op, func, args, kwargs, out, inputs)
         except GraphError:
             raise
         except Exception as e:  # noqa: BLE001 (arguments no rule here expected: kept, not followed)
-            self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", inputs, out)
+            self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", [m for _, m in inputs], out)
         if writes:
             self.written(op, target, before, bool(inputs))
 
@@ -368,9 +370,8 @@ class _Walk(ChannelOps):
         if base is not None and self.get(base) is None and base.dim() >= 2:
             self.fresh(base, why)
 
-    def op(self, op: str, func, args, kwargs, out) -> None:
-        inputs = [(t, self.get(t)) for t in tensors(list(args) + list(kwargs.values()))]
-        inputs = [(t, m) for t, m in inputs if m is not None]
+    def op(self, op: str, func, args, kwargs, out, inputs) -> None:
+        """The rule for one op; ``inputs``: its tracked tensors and their maps."""
         if not inputs:
             if isinstance(out, torch.Tensor) and op != "setitem":
                 self.set(out, None)  # a fresh tensor from constants, or one overwritten by them
@@ -427,9 +428,8 @@ class _Walk(ChannelOps):
         name = next(iter(names)) if len(names) == 1 else None
         if name is not None:
             self.seen.add(name)
-        if x is None:  # a layer of something untracked (a weight computed from parameters)
-            self.set(out, None)
-            return
+        if x is None:  # a layer of something made from constants: its outputs are kept
+            return self.fresh(out, f"{name or op}: reads no tracked channels")
         if name is None or None in owners.values() or not given:
             return self.opaque(op, "a layer whose tensors are not one module's parameters", [x], out)
         attrs = {role: o[1] for role, o in owners.items()}
