@@ -223,3 +223,28 @@ def test_a_sum_started_at_zero_is_cut_like_any_sum():
     result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16), compensate=False)
     assert not result.masks["branches.0.1"].all()
     assert torch.equal(result.masks["branches.0.1"], result.masks["branches.1.1"])  # tied by the sum
+
+
+class ZeroBias(nn.Module):
+    """HGNetV2's LearnableAffineBlock: ``scale * x + bias`` with one-value parameters. A bias
+    at zero (its init) keeps the cut channels at zero; a trained one does not, and keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = cbr(3, 16), cbr(16, 8)
+        self.scale, self.bias = nn.Parameter(torch.ones(1)), nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.b(self.scale * self.a(x) + self.bias)
+
+
+def test_adding_a_zero_parameter_keeps_zeros_and_a_nonzero_one_does_not():
+    model = ZeroBias().eval()
+    sparsity_shaped(model, 4)
+    x = torch.zeros(1, 3, 16, 16)
+    assert not slimming.prune(model, percent=0.5, example_inputs=x).masks["a.1"].all()
+    with torch.no_grad():
+        model.bias.fill_(0.1)
+    # a.1's channels, the bias added, reach b.0 as constants: kept; nothing else can be cut
+    with pytest.raises(GraphError, match="b.0 reads it before any BatchNorm"):
+        slimming.prune(model, percent=0.5, example_inputs=x, compensate=False)

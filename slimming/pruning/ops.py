@@ -136,7 +136,8 @@ class ChannelOps:
 
     def combine(self, op: str, args, out, inputs) -> None:
         """A sum or product: operands of the output's channel count are tied; one channel or a
-        number broadcasts (a product keeps zeros, a sum does not)."""
+        number broadcasts (a product keeps zeros; a sum keeps them only where what it adds is
+        zero)."""
         maps = [m for _, m in inputs]
         if not isinstance(out, torch.Tensor) or out.dim() < 2:
             return self.opaque(op, "a result without channels", maps, out)
@@ -160,7 +161,9 @@ class ChannelOps:
                         return self.opaque(op, "an op with a tensor over the channels that is no "
                                            "module's per-channel parameter or buffer", maps, out)
                     scales.append(scale)
-                broadcast = True
+                # adding a tensor of zeros keeps zeros (a learnable bias still at its init, as
+                # HGNetV2's LearnableAffineBlock): decided by the values the model has now
+                broadcast = broadcast or bool(a.detach().ne(0).any())
             elif isinstance(a, (int, float)):  # a number: 0 + x keeps x's zeros (an empty sum's start)
                 broadcast = broadcast or (op in SUM_OPS and a != 0)
         if not full or (op == "div" and self.get(args[1]) is not None):
