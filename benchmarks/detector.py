@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -118,6 +119,47 @@ class SPPF(nn.Module):
         return self.cv2(torch.cat(y, 1))
 
 
+class Attention(nn.Module):
+    """Multi-head self-attention over the positions of a feature map, as YOLOv10/11 write it:
+    one conv+BN makes queries, keys and values for every head; a depthwise conv on the values
+    adds position; a conv+BN projects back."""
+
+    def __init__(self, c: int, heads: int = 2):
+        super().__init__()
+        self.heads, self.head_dim = heads, c // heads
+        self.key_dim = self.head_dim // 2
+        self.scale = self.key_dim ** -0.5
+        self.qkv = nn.Sequential(nn.Conv2d(c, c + 2 * self.key_dim * heads, 1, bias=False),
+                                 nn.BatchNorm2d(c + 2 * self.key_dim * heads))
+        self.proj = nn.Sequential(nn.Conv2d(c, c, 1, bias=False), nn.BatchNorm2d(c))
+        self.pe = nn.Sequential(nn.Conv2d(c, c, 3, 1, 1, groups=c, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        q, k, v = self.qkv(x).view(n, self.heads, 2 * self.key_dim + self.head_dim, h * w).split(
+            [self.key_dim, self.key_dim, self.head_dim], dim=2)
+        attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(dim=-1)
+        y = (v @ attn.transpose(-2, -1)).view(n, c, h, w) + self.pe(v.reshape(n, c, h, w))
+        return self.proj(y)
+
+
+class C2PSA(nn.Module):
+    """YOLO11's C2PSA: half the channels through attention and a feed-forward, each residual."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.c = c // 2
+        self.cv1, self.cv2 = Conv(c, 2 * self.c, 1), Conv(2 * self.c, c, 1)
+        self.attn, self.ffn = Attention(self.c), nn.Sequential(Conv(self.c, 2 * self.c, 1),
+                                                               Conv(2 * self.c, self.c, 1))
+
+    def forward(self, x):
+        a, b = self.cv1(x).split((self.c, self.c), dim=1)
+        b = b + self.attn(b)
+        b = b + self.ffn(b)
+        return self.cv2(torch.cat([a, b], 1))
+
+
 class Detect(nn.Module):
     """Decoupled heads per scale: 4 box distances (left, top, right, bottom, in strides) and
     the class logits. Training: the raw maps; eval: (N, 4 + classes, anchors) with boxes in
@@ -148,15 +190,17 @@ class Detect(nn.Module):
 
 
 class TinyYOLO(nn.Module):
-    """Backbone (C2f stages, SPPF), a PAN neck (upsample + concatenate, downsample +
-    concatenate), heads at strides 8 and 16."""
+    """Backbone (C2f stages, SPPF, with ``attention`` YOLO11's C2PSA), a PAN neck (upsample +
+    concatenate, downsample + concatenate), heads at strides 8 and 16."""
 
-    def __init__(self, nc: int = len(CLASSES)):
+    def __init__(self, nc: int = len(CLASSES), attention: bool = False):
         super().__init__()
         self.backbone = nn.ModuleDict({
             "stem": Conv(3, 16, 3, 2), "down1": Conv(16, 32, 3, 2), "c2f1": C2f(32, 32),
             "down2": Conv(32, 64, 3, 2), "c2f2": C2f(64, 64, 2), "down3": Conv(64, 128, 3, 2),
             "c2f3": C2f(128, 128), "sppf": SPPF(128, 128)})
+        if attention:  # YOLO11's: C2PSA after SPPF
+            self.backbone["psa"] = C2PSA(128)
         self.up = nn.Upsample(scale_factor=2, mode="nearest")
         self.neck3, self.down, self.neck4 = C2f(192, 64), Conv(64, 64, 3, 2), C2f(192, 128)
         self.head = Detect((64, 128), nc)
@@ -166,6 +210,8 @@ class TinyYOLO(nn.Module):
         b = self.backbone
         p3 = b["c2f2"](b["down2"](b["c2f1"](b["down1"](b["stem"](x)))))
         p4 = b["sppf"](b["c2f3"](b["down3"](p3)))
+        if "psa" in b:
+            p4 = b["psa"](p4)
         n3 = self.neck3(torch.cat([self.up(p4), p3], 1))
         n4 = self.neck4(torch.cat([self.down(n3), p4], 1))
         return self.head([n3, n4])
@@ -289,7 +335,8 @@ def main() -> None:
     if not 0 < args.target_flops < 1:
         ap.error("--target-flops must be a fraction in (0, 1)")
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(2)  # the figures in RESULTS.md: 2 threads; OMP_NUM_THREADS wins
     t0 = time.perf_counter()
     train_x, train_t = make_shapes(args.train_images, seed=1)
     test_x, test_t = make_shapes(500, seed=2)

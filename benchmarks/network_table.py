@@ -1,15 +1,19 @@
-"""slimming and Torch-Pruning on many networks nobody here wrote (torchvision and timm
-classifiers, segmentation models) and our own YOLO-style detector, at one rule: one global
-ranking of BatchNorm |gamma| (a group's channels scored by the mean over its BatchNorms), 30% of
-the channels removed, the outputs (classifier, segmentation logits, detection head) kept.
+"""slimming and Torch-Pruning on many networks nobody here wrote (torchvision classifiers,
+segmentation, detection and video models, timm classifiers, segmentation-models-pytorch
+decoders) and our own YOLO-style detectors (with and without C2PSA attention), at one rule: one
+global ranking of BatchNorm |gamma| (a group's channels scored by the mean over its
+BatchNorms), 30% of the channels removed, the outputs (classifier, segmentation logits,
+detection head) kept.
 
 For each network, on random sparsity-shaped gammas: the parameters each tool cut; whether each
 pruned network runs and is exact (its outputs equal the original's with the cut channels'
-gamma and beta zeroed, max relative difference under 1e-4); and the in-process prune time of
-each (median of interleaved runs in one process, Torch-Pruning's including the copy it needs to
-leave the model intact; the garbage of each run collected before the next, so that neither pays
-for the other's). Torch-Pruning is installed for this benchmark only
-(``pip install torch-pruning``); it is never a dependency of slimming.
+gamma and beta zeroed, max relative difference under 1e-4; for detectors whose outputs pass
+through non-maximum suppression, slimming's own check, module by module); the in-process prune
+time of each (median of interleaved runs in one process; slimming's without its check,
+Torch-Pruning's including the copy it needs to leave the model intact; the garbage of each run
+collected before the next, so that neither pays for the other's); and what slimming's check
+costs, in forwards of the original at the example's size. Torch-Pruning is installed for this
+benchmark only (``pip install torch-pruning``); it is never a dependency of slimming.
 
     python benchmarks/network_table.py [--size 224] [--repeats 3] [--only resnet50,...]
         [--out runs/network_table.json]
@@ -20,6 +24,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import os
 import signal
 import statistics
 import time
@@ -31,39 +36,76 @@ from common import guarded, parser, positive_int, sparsity_shaped
 from torch import nn
 
 import slimming
+from slimming.pruning.ops import leaves
+from slimming.pruning.verify import check
 
 PERCENT = 0.3
 LIMIT = 60  # seconds Torch-Pruning may take on one network before it counts as not finishing
 
-# (name, builder, input size, the modules kept: () or (for slimming's ignore=, for Torch-Pruning's
-# ignored_layers); classifiers: nothing for slimming, the last Linear for Torch-Pruning)
-TORCHVISION = ["resnet18", "resnet50", "resnext50_32x4d", "wide_resnet50_2", "mobilenet_v2",
-               "mobilenet_v3_large", "mobilenet_v3_small", "efficientnet_b0", "efficientnet_v2_s",
-               "densenet121", "regnet_x_400mf", "regnet_y_400mf", "mnasnet1_0", "vgg11_bn",
-               "googlenet", "shufflenet_v2_x1_0"]
-TIMM = ["cspdarknet53", "cspresnet50", "res2net50_26w_4s", "ghostnet_100", "rexnet_100", "dla34",
-        "dpn68", "hrnet_w18_small", "mixnet_s", "ese_vovnet19b_dw", "repvgg_a0", "selecsls42b",
-        "convnext_atto"]
-SEGMENTATION = ["lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "fcn_resnet50"]
+TORCHVISION = ["resnet18", "resnet34", "resnet50", "resnet101", "resnext50_32x4d", "wide_resnet50_2",
+               "mobilenet_v2", "mobilenet_v3_large", "mobilenet_v3_small", "efficientnet_b0",
+               "efficientnet_b3", "efficientnet_v2_s", "densenet121", "densenet169", "regnet_x_400mf",
+               "regnet_y_400mf", "regnet_y_800mf", "mnasnet0_5", "mnasnet1_0", "vgg11_bn", "vgg16_bn",
+               "googlenet", "inception_v3", "shufflenet_v2_x1_0", "squeezenet1_1", "convnext_tiny",
+               "maxvit_t", "swin_t", "vit_b_16"]
+TIMM = ["cspdarknet53", "cspresnet50", "cspresnext50", "darknet53", "res2net50_26w_4s", "ghostnet_100",
+        "ghostnetv2_100", "repghostnet_050", "rexnet_100", "dla34", "dla46_c", "dpn68", "hrnet_w18_small",
+        "mixnet_s", "ese_vovnet19b_dw", "repvgg_a0", "mobileone_s0", "selecsls42b", "convnext_atto",
+        "resnet18", "resnet26t", "resnet50d", "resnetblur18", "seresnext26d_32x4d", "ecaresnet26t",
+        "skresnet18", "resnest14d", "tresnet_m", "efficientnet_b0", "efficientnetv2_rw_t",
+        "mobilenetv3_large_100", "tf_mobilenetv3_small_100", "mobilenetv4_conv_small", "mnasnet_100",
+        "fbnetc_100", "hardcorenas_a", "lcnet_050", "tinynet_a", "regnetx_002", "regnety_002",
+        "gernet_s", "hgnetv2_b0", "densenet121", "vgg11_bn", "inception_v3", "xception41",
+        "nf_resnet26", "levit_128s", "mobilevit_xxs", "efficientvit_b0", "fastvit_t8", "repvit_m0_9",
+        "edgenext_xx_small"]
+SEGMENTATION = ["lraspp_mobilenet_v3_large", "deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50",
+                "fcn_resnet50"]
+DETECTION = {"fasterrcnn_mobilenet_v3_large_320_fpn": {}, "ssdlite320_mobilenet_v3_large": {},
+             "retinanet_resnet50_fpn": {"min_size": 224, "max_size": 224},
+             "fcos_resnet50_fpn": {"min_size": 224, "max_size": 224}}
+VIDEO = ["r3d_18", "mc3_18", "r2plus1d_18"]  # s3d needs 16 frames at 224x224: too slow here
+SMP = [("Unet", "resnet34"), ("UnetPlusPlus", "resnet18"), ("FPN", "efficientnet-b0"),
+       ("DeepLabV3Plus", "resnet34"), ("PSPNet", "resnet34"), ("Linknet", "resnet18"),
+       ("MAnet", "resnet18"), ("PAN", "resnet34")]
 
 
-def networks(size: int) -> list[tuple[str, object, int, tuple[str, ...]]]:
+def networks(size: int) -> list[tuple]:
+    """(name, builder, input shape (without the batch), kept: () or (slimming's ignore=,
+    Torch-Pruning's ignored_layers), discrete: outputs after non-maximum suppression)."""
     import timm
     import torchvision
     from detector import SIZE, TinyYOLO
 
+    image = (3, size, size)
     out = [(f"torchvision {n}", lambda n=n: torchvision.models.get_model(
-        n, weights=None, num_classes=10, **({"aux_logits": False, "init_weights": True}
-                                           if n == "googlenet" else {})), size, ()) for n in TORCHVISION]
-    out += [(f"timm {n}", lambda n=n: timm.create_model(n, pretrained=False, num_classes=10), size, ())
-            for n in TIMM]
+        n, weights=None, num_classes=10, **({"init_weights": True} if n in ("googlenet", "inception_v3")
+                                           else {})), (3, 299, 299) if n == "inception_v3" else image, (),
+        False) for n in TORCHVISION]
+    out += [(f"timm {n}", lambda n=n: timm.create_model(n, pretrained=False, num_classes=10),
+             (3, 256, 256) if "maxvit" in n else image, (), False) for n in TIMM]
     # slimming keeps a model's outputs by itself; Torch-Pruning is told the layers that make them
     heads = {"lraspp_mobilenet_v3_large": ("classifier.low_classifier", "classifier.high_classifier")}
     out += [(f"torchvision {n}", lambda n=n: getattr(torchvision.models.segmentation, n)(
-        weights=None, weights_backbone=None, num_classes=5), size, ((), heads.get(n, ("classifier.4",))))
-        for n in SEGMENTATION]
-    out += [("own YOLO-style detector (benchmarks/detector.py)", TinyYOLO, SIZE, (("head",), ("head",))),
-            ("slimming vgg19 (traced)", lambda: slimming.models.build("vgg", depth=19), 32, ())]
+        weights=None, weights_backbone=None, num_classes=5, **({"aux_loss": False} if "resnet" in n else {})),
+        image, ((), heads.get(n, ("classifier.4",))), False) for n in SEGMENTATION]
+    out += [(f"torchvision {n}", lambda n=n, kw=kw: torchvision.models.get_model(
+        n, weights=None, weights_backbone=None, num_classes=5, **kw), image, (), True)
+        for n, kw in DETECTION.items()]
+    out += [(f"torchvision {n}", lambda n=n: torchvision.models.get_model(n, weights=None, num_classes=10),
+             (3, 8, 112, 112), (), False) for n in VIDEO]
+    try:
+        import segmentation_models_pytorch as smp
+        out += [(f"smp {arch}({encoder})", lambda a=arch, e=encoder: getattr(smp, a)(
+            e, encoder_weights=None, classes=3), image, ((), ("segmentation_head",)), False)
+            for arch, encoder in SMP]
+    except ImportError:
+        pass
+    out += [("own YOLO-style detector (benchmarks/detector.py)", TinyYOLO, (3, SIZE, SIZE),
+             (("head",), ("head",)), False),
+            ("own YOLO-style detector with C2PSA attention", lambda: TinyYOLO(attention=True),
+             (3, SIZE, SIZE), (("head",), ("head",)), False),
+            ("slimming vgg19 (traced)", lambda: slimming.models.build("vgg", depth=19), (3, 32, 32), (),
+             False)]
     return out
 
 
@@ -73,7 +115,7 @@ def with_statistics(model: nn.Module, seed: int = 1) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.bias is not None:
                 n = m.num_features
                 m.bias.copy_(torch.randn(n, generator=g) * 0.3)
                 m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
@@ -81,11 +123,9 @@ def with_statistics(model: nn.Module, seed: int = 1) -> None:
 
 
 def output_of(y) -> torch.Tensor:
-    if isinstance(y, dict):
+    if isinstance(y, dict) and "out" in y:
         y = y["out"]
-    if isinstance(y, (list, tuple)):
-        return torch.cat([output_of(v).flatten() for v in y])
-    return y.flatten().float()
+    return torch.cat([t.flatten().float() for t in leaves(y) if t.is_floating_point()])
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -107,7 +147,7 @@ def masks_by_value(original: nn.Module, pruned: nn.Module) -> dict[str, torch.Te
     masks = {}
     pruned_modules = dict(pruned.named_modules())
     for name, bn in original.named_modules():
-        if isinstance(bn, nn.BatchNorm2d) and name in pruned_modules:
+        if isinstance(bn, nn.modules.batchnorm._BatchNorm) and name in pruned_modules:
             kept = pruned_modules[name].weight.detach()
             masks[name] = torch.isin(bn.weight.detach(), kept)
     return masks
@@ -132,22 +172,20 @@ def timed(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def one(name: str, build, size: int, keep: tuple, repeats: int, tp) -> dict:
+def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: int, tp) -> dict:
     torch.manual_seed(0)
     model = build().eval()
     sparsity_shaped(model, seed=0)
     with_statistics(model)
-    example = torch.zeros(1, 3, size, size)
-    x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        full = model(x)
-    row = {"network": name, "size": size, "params": params(model)}
+    example = torch.zeros(1, *shape)
+    x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(1))
+    row = {"network": name, "size": "x".join(map(str, shape[1:])), "params": params(model)}
 
     ours_keep, tp_keep = keep or ((), ())
 
-    def ours():
+    def ours(verify=False):
         return slimming.prune(model, percent=PERCENT, importance="bn-mean", example_inputs=example,
-                              compensate=False, ignore=ours_keep)
+                              compensate=False, ignore=ours_keep, verify=verify)
 
     def theirs():
         m = copy.deepcopy(model)
@@ -160,12 +198,17 @@ def one(name: str, build, size: int, keep: tuple, repeats: int, tp) -> dict:
         return m
 
     try:
-        result = ours()
-        with torch.no_grad():
-            diff = rel_diff(output_of(result.model(x)), output_of(zeroed(model, result.masks)(x)))
-        row.update(ours_cut=1 - params(result.model) / row["params"], ours_exact=diff < 1e-4, ours_diff=diff)
+        result = ours(verify=True)
+        row.update(ours_cut=1 - params(result.model) / row["params"], ours_verified=result.verified)
+        if discrete:  # after non-maximum suppression: the check's module-by-module comparison
+            row.update(ours_exact=result.verified < 1e-4, ours_diff=result.verified)
+        else:
+            with torch.no_grad():
+                diff = rel_diff(output_of(result.model(x)), output_of(zeroed(model, result.masks)(x)))
+            row.update(ours_exact=diff < 1e-4, ours_diff=diff)
     except slimming.SlimmingError as e:
-        row.update(ours_error=str(e)[:160])
+        row.update(ours_error=str(e)[:200])
+
     def alarm(signum, frame):
         raise TimeoutError(f"did not finish in {LIMIT} s")
 
@@ -181,29 +224,34 @@ def one(name: str, build, size: int, keep: tuple, repeats: int, tp) -> dict:
             with torch.no_grad():
                 out = output_of(small(x))
                 diff = rel_diff(out, output_of(zeroed(model, masks_by_value(model, small))(x)))
-            row.update(tp_runs=True, tp_exact=diff < 1e-4, tp_diff=diff)
+            row.update(tp_runs=True, tp_exact=diff < 1e-4 and not discrete, tp_diff=diff)
         except Exception as e:
             row.update(tp_runs=False, tp_error=f"{type(e).__name__}: {str(e)[:120]}")
     except Exception as e:
         row.update(tp_error=f"{type(e).__name__} while pruning: {str(e)[:120]}")
-    del full
     if "ours_error" not in row:
         fns = [lambda: ours().model] + ([theirs] if "tp_cut" in row else [])
         t = timed(fns, repeats)
         row["ours_ms"] = 1000 * t[0]
         if len(t) > 1:
             row["tp_ms"] = 1000 * t[1]
+        pruned = ours()  # the check against forwards of the original, interleaved
+        with torch.no_grad():
+            check_s, forward_s = timed([lambda: check(model, pruned, example), lambda: model(example)],
+                                       repeats)
+        row["check_forwards"] = check_s / forward_s
     return row
 
 
 def cell(row: dict, who: str) -> str:
     if f"{who}_cut" not in row:
         why = row.get(f"{who}_error", "?")
+        if who == "ours" and why.startswith("not built"):
+            return why
         if who == "ours":  # slimming's refusals are one line: say what it named
-            for known in ("channel shuffle", "no BatchNorm", "cannot follow"):
+            for known in ("no BatchNorm", "can be cut", "refused its own cut"):
                 if known in why:
-                    return f"refused: {known}" + (f" ({why.split(' through ')[1].split(' (')[0]})"
-                                                  if known == "cannot follow" else "")
+                    return "refused: " + why.split(": ", 1)[-1][:90]
         return ("did not finish in 60 s" if "did not finish" in why else "error: " + why.split(":")[0])
     ran = row.get(f"{who}_runs", True)
     exact = "exact" if row.get(f"{who}_exact") else ("does not run" if not ran else
@@ -222,21 +270,30 @@ def main() -> None:
         import torch_pruning as tp  # the peer measured here; not a dependency of slimming
     except ImportError:
         ap.error("this comparison needs Torch-Pruning: pip install torch-pruning")
-    torch.set_num_threads(2)
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(2)  # the figures in RESULTS.md: 2 threads
     warnings.simplefilter("ignore")
     rows = []
     print("| network | parameters | slimming: cut, result | Torch-Pruning: cut, result | "
-          "slimming ms | Torch-Pruning ms | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for name, build, size, keep in networks(args.size):
+          "slimming ms | Torch-Pruning ms | ratio | check (forwards) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, build, shape, keep, discrete in networks(args.size):
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
-        row = one(name, build, size, keep, args.repeats, tp)
+        try:
+            row = one(name, build, shape, keep, discrete, args.repeats, tp)
+        except Exception as e:  # a network this torch/timm cannot build or run: say so, go on
+            row = {"network": name, "size": "x".join(map(str, shape[1:])), "params": 0,
+                   "ours_error": f"not built: {type(e).__name__}: {str(e)[:100]}",
+                   "tp_error": "not built"}
         rows.append(row)
         ratio = f"{row['ours_ms'] / row['tp_ms']:.2f}" if "tp_ms" in row and "ours_ms" in row else "-"
-        print(f"| {name} @{size} | {row['params'] / 1e6:.2f}M | {cell(row, 'ours')} | {cell(row, 'tp')} | "
-              f"{row.get('ours_ms', float('nan')):.0f} | {row.get('tp_ms', float('nan')):.0f} | {ratio} |",
-              flush=True)
+        forwards = f"{row['check_forwards']:.1f}" if "check_forwards" in row else "-"
+        print(f"| {name} @{row['size']} | {row['params'] / 1e6:.2f}M | {cell(row, 'ours')} | "
+              f"{cell(row, 'tp')} | {row.get('ours_ms', float('nan')):.0f} | "
+              f"{row.get('tp_ms', float('nan')):.0f} | {ratio} | {forwards} |", flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(rows, indent=2))  # as it goes: a long run keeps what it did
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2))
 

@@ -149,10 +149,12 @@ RULES: dict[str, LayerRule] = {
                                    "groups": "channels"}),
     "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True),
     "frozen_bn": LayerRule(carries=BN_TENSORS),  # torchvision's FrozenBatchNorm2d: not trained
+    "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}),
     "scale": ScaleRule(),
 }
 MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn"}  # type (or class name) -> kind
-_RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"))
+_RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
+            (nn.modules.instancenorm._InstanceNorm, "instance_norm"))
 
 
 def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> str:

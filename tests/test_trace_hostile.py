@@ -562,11 +562,26 @@ class StackLast(nn.Module):
         return self.out(torch.stack([self.a(x), self.b(x)], dim=-1).amax(-1))
 
 
+class InstanceNormed(nn.Module):
+    """A style-transfer-like neck: InstanceNorm (affine and not) per channel after the
+    convolutions, then BatchNorm layers again."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = cbr(3, 16)
+        self.a = nn.Sequential(nn.Conv2d(16, 24, 3, padding=1), nn.InstanceNorm2d(24, affine=True), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(24, 24, 3, padding=1), nn.InstanceNorm2d(24), nn.ReLU())
+        self.out = cbr(24, 8)
+
+    def forward(self, x):
+        return self.out(self.b(self.a(self.stem(x))))
+
+
 PATTERNS = {m.__name__: m for m in (
     ViewWrite, AliasWrite, HardtanhArgs, DataclassOut, ObjectOut, SetItem, DotData, CustomConv,
     BlurPool, TrainOnlyAux, PSA, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
     GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
-    TwoInputs, SharedConv, StackLast)}
+    TwoInputs, SharedConv, StackLast, InstanceNormed)}
 
 INPUTS = {"Video3d": [(3, 4, 16, 16)], "TwoInputs": [(3, 32, 32), (3, 32, 32)]}
 
@@ -581,7 +596,7 @@ MUST_PRUNE = {
     "DFLHead": "YOLOv8 Detect + DFL", "CopyTransform": "torchvision GeneralizedRCNNTransform",
     "SelectiveKernel": "timm SelectiveKernel", "MobileOne": "MobileOne / RepVGG training blocks",
     "GhostV2DFC": "GhostNetV2 DFC attention", "C2fSplit": "YOLOv8 C2f.forward_split",
-    "StackLast": "stack of branches after the channels",
+    "StackLast": "stack of branches after the channels", "InstanceNormed": "InstanceNorm necks",
     "LayerScale": "ConvNeXt / CaiT layer scale", "GroupNormNeck": "FPN decoder with GroupNorm",
     "ChannelsLastLN": "ConvNeXt LayerNorm", "PooledBN1d": "BatchNorm1d neck (re-id)",
     "Video3d": "3-D CNNs (R3D, X3D)", "TwoInputs": "siamese / two-stream", "SharedConv": "RetinaNet head",

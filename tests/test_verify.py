@@ -191,14 +191,25 @@ def test_pruned_networks_of_these_layers_load_into_a_fresh_instance(name, tmp_pa
         assert torch.equal(plain(run(again, x)), plain(run(result.model.eval(), x)))
 
 
-def test_unchecked_widths_are_left_and_named():
-    """verify=False: no integer width is set that only the check could vouch for."""
+def test_unchecked_widths_are_kept_where_the_network_runs():
+    """verify=False: a width set that breaks the forward goes back (CspStage's), one the forward
+    needs stays (a blur filter convolved with groups=self.channels)."""
     model = Reads().eval()
     sparsity_shaped(model, 0)
-    with pytest.warns(UserWarning, match=r"verify=False: set only where checked\): chs"):
+    with pytest.warns(UserWarning, match=r"left as they were \(the forward reads them as fixed sizes\): chs"):
         result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16),
                                 verify=False, compensate=False)
     assert result.model.chs == 32 and not result.widths
+    timm = pytest.importorskip("timm")
+    blur = timm.create_model("resnetblur18", pretrained=False, num_classes=4).eval()
+    sparsity_shaped(blur, 1)
+    result = slimming.prune(blur, percent=0.5, example_inputs=torch.zeros(1, 3, 32, 32), verify=False,
+                            compensate=False)
+    pool = next(m for m in result.model.modules() if type(m).__name__ == "BlurPool2d")
+    assert pool.channels == pool.filt.shape[0] and any(w[1] == "channels" for w in result.widths)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(blur, result.masks)(x)) < 1e-5
 
 
 class ZeroStart(nn.Module):

@@ -50,6 +50,7 @@ ELEMENTWISE = {"hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "threshold
                "softshrink", "fill"}
 REDUCE_OPS = {"mean", "sum", "amax", "amin", "max", "min", "std", "var", "norm", "logsumexp", "prod"}
 SPLIT_OPS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes", "hsplit"}
+NORM_OPS = {"group_norm", "layer_norm", "local_response_norm", "rms_norm"}  # over the channels: kept
 
 
 def op_name(func) -> str:

@@ -220,8 +220,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             result = plan.build(masks, threshold, guarded)
         if verify:
             result.verified = _checked(model, result, example)
-        elif result.widths:  # unchecked: no width is set that only the check could vouch for
-            _settle(result, lambda: None, most=0)
+        elif result.widths:  # unchecked: the widths set must at least let it run
+            _runs(result, example)
         if compensate:
             result.compensation = repair.compensate(model, result, example)
     return result
@@ -238,6 +238,20 @@ def _checked(model: nn.Module, result: PruneResult, example) -> float:
             raise
     _settle(result, lambda: check(model, result, example))
     return check(model, result, example)
+
+
+def _runs(result: PruneResult, example) -> None:
+    """Unchecked (``verify=False``): the integer widths set are kept where the pruned network
+    still runs with them (a split by ``expand_chs // 2`` would not; a blur filter's
+    ``groups=self.channels`` needs the new width), module by module."""
+    def run():
+        with torch.no_grad(), modes_kept(result.model):
+            result.model.eval()(*as_inputs(example))
+
+    try:
+        run()
+    except Exception:  # noqa: BLE001 (any failure: the widths are settled module by module)
+        _settle(result, run)
 
 
 def _settle(result: PruneResult, test: Callable[[], object], most: int = 16) -> None:
@@ -264,8 +278,8 @@ def _settle(result: PruneResult, test: Callable[[], object], most: int = 16) -> 
     left = [c for c in result.widths if c not in kept]
     result.widths = kept
     names = ", ".join(f"{name}.{attr}" if name else attr for name, attr, _, _ in left[:6])
-    why = "the forward reads them as fixed sizes" if most else "verify=False: set only where checked"
-    warnings.warn(f"{len(left)} integer attribute(s) left as they were ({why}): {names}", stacklevel=4)
+    warnings.warn(f"{len(left)} integer attribute(s) left as they were (the forward reads them as fixed "
+                  f"sizes): {names}", stacklevel=4)
 
 
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -45,6 +45,7 @@ from .ops import (
     CONSTANT_OPS,
     ELEMENTWISE,
     META_OPS,
+    NORM_OPS,
     PASS_OPS,
     PRODUCT_OPS,
     REDUCE_OPS,
@@ -371,48 +372,98 @@ class _Walk(ChannelOps):
             self.fresh(base, why)
 
     def op(self, op: str, func, args, kwargs, out, inputs) -> None:
-        """The rule for one op; ``inputs``: its tracked tensors and their maps."""
+        """The rule for one op, by the dispatch table (``DISPATCH``: op name -> rule);
+        ``inputs``: its tracked tensors and their maps."""
         if not inputs:
             if isinstance(out, torch.Tensor) and op != "setitem":
                 self.set(out, None)  # a fresh tensor from constants, or one overwritten by them
             return
-        handler = getattr(self, f"op_{op}", None)
-        if op in CONSTANT_OPS:
-            self.set(out, None)
-        elif op in LAYERS:
-            self.layer(op, args, kwargs, out)
-        elif handler is not None:
-            handler(op, args, kwargs, out, inputs)
-        elif op in SUM_OPS or op in PRODUCT_OPS or op == "div":
-            self.combine(op, args, out, inputs)
-        elif op in RESHAPE_OPS:
-            self.reshape(op, args, kwargs, out, inputs)
-        elif op in ("max", "min") and len(args) > 1 and isinstance(args[1], torch.Tensor):
-            self.combine("maximum", args, out, inputs)  # element-wise, of two tensors
-        elif op == "prelu" and arg(args, kwargs, 1, "weight").numel() == 1:
-            self.set(out, inputs[0][1].with_gate(None))  # one slope for all channels: 0 -> 0
-        elif op in REDUCE_OPS:
-            self.reduce(op, out, inputs)
-        elif op in SPLIT_OPS:
-            self.split(op, args, kwargs, out, inputs)
-        elif op in VALUE_OPS and not tensors(out):
-            for _, m in inputs:
-                self.g.pin(m, f"{self.where()}: its values are read by {op}")
-        elif op in ZERO_OPS or op in PASS_OPS or op in ELEMENTWISE:
-            x_t, x = inputs[0]
-            same = isinstance(out, torch.Tensor) and out.shape[:2] == x_t.shape[:2]
-            if len(inputs) > 1 or not same:
-                self.opaque(op, "an op of several tensors" if len(inputs) > 1 else "a change of shape",
-                            [m for _, m in inputs], out)
-                return
-            if op in ELEMENTWISE:
-                zero = keeps_zero(func, args, kwargs, x_t)
-            else:
-                padded = op == "pad" and arg(args, kwargs, 3, "value", 0) not in (0, None)
-                zero = op in ZERO_OPS and not padded
-            self.set(out, x.with_gate(None if zero else False))
+        rule = DISPATCH.get(op)
+        if rule is None:
+            return self.opaque(op, "an op it does not know", [m for _, m in inputs], out)
+        getattr(self, rule)(op, func, args, kwargs, out, inputs)
+
+    # the rules DISPATCH names, each (op, func, args, kwargs, out, inputs)
+
+    def rule_constant(self, op, func, args, kwargs, out, inputs) -> None:
+        self.set(out, None)  # a new tensor of a shape only (new_zeros)
+
+    def rule_layer(self, op, func, args, kwargs, out, inputs) -> None:
+        self.layer(op, args, kwargs, out)
+
+    def rule_method(self, op, func, args, kwargs, out, inputs) -> None:
+        getattr(self, f"op_{op}")(op, args, kwargs, out, inputs)
+
+    def rule_combine(self, op, func, args, kwargs, out, inputs) -> None:
+        self.combine(op, args, out, inputs)
+
+    def rule_reshape(self, op, func, args, kwargs, out, inputs) -> None:
+        self.reshape(op, args, kwargs, out, inputs)
+
+    def rule_extremum(self, op, func, args, kwargs, out, inputs) -> None:
+        if len(args) > 1 and isinstance(args[1], torch.Tensor):
+            return self.combine("maximum", args, out, inputs)  # element-wise, of two tensors
+        self.reduce(op, out, inputs)
+
+    def rule_reduce(self, op, func, args, kwargs, out, inputs) -> None:
+        self.reduce(op, out, inputs)
+
+    def rule_split(self, op, func, args, kwargs, out, inputs) -> None:
+        self.split(op, args, kwargs, out, inputs)
+
+    def rule_prelu(self, op, func, args, kwargs, out, inputs) -> None:
+        if arg(args, kwargs, 1, "weight").numel() != 1:
+            return self.opaque(op, "a PReLU with a slope per channel", [m for _, m in inputs], out)
+        self.set(out, inputs[0][1].with_gate(None))  # one slope for all channels: 0 -> 0
+
+    def rule_value(self, op, func, args, kwargs, out, inputs) -> None:
+        if tensors(out):  # x.float(): a conversion, element-wise
+            return self.rule_elementwise(op, func, args, kwargs, out, inputs)
+        for _, m in inputs:
+            self.g.pin(m, f"{self.where()}: its values are read by {op}")
+
+    def rule_norm(self, op, func, args, kwargs, out, inputs) -> None:
+        # Kept, not followed: a GroupNorm or LayerNorm over the channels normalises each channel
+        # by statistics of the others (its group, or all), so cutting one changes what the rest
+        # become, whatever BatchNorm gammas say; exact cuts there need the norm's own scale
+        # factors as the score, and whole groups cut together.
+        self.opaque(op, "a normalisation over the channels: cutting one changes the others",
+                    [m for _, m in inputs], out)
+
+    def rule_instance_norm(self, op, func, args, kwargs, out, inputs) -> None:
+        """InstanceNorm normalises every channel on its own: it carries the channels (its affine
+        tensors, if any, cut with them); a zero stays zero unless its bias moves it."""
+        x_t, x = inputs[0]
+        given = {role: arg(args, kwargs, i, role) for role, i in
+                 (("running_mean", 1), ("running_var", 2), ("weight", 3), ("bias", 4))}
+        given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
+        owners = {role: self.owner.get(id(t)) for role, t in given.items()}
+        if x.factor != 1 or len(inputs) > 1 or None in owners.values() or \
+                len({o[0] for o in owners.values()}) > 1:
+            return self.opaque(op, "an InstanceNorm of other than one module's channels",
+                               [m for _, m in inputs], out)
+        bias = given.get("bias")
+        if self.stack:
+            self.seen.add(self.stack[-1])  # an InstanceNorm module without tensors ran too
+        if owners:
+            name = next(iter(owners.values()))[0]
+            self.seen.add(name)
+            self.again(name, x)
+            self.g.uses.append(Use(name, "instance_norm", x, {r: o[1] for r, o in owners.items()}))
+        self.set(out, x.with_gate(None if bias is None or not bool(bias.ne(0).any()) else False))
+
+    def rule_elementwise(self, op, func, args, kwargs, out, inputs) -> None:
+        x_t, x = inputs[0]
+        same = isinstance(out, torch.Tensor) and out.shape[:2] == x_t.shape[:2]
+        if len(inputs) > 1 or not same:
+            return self.opaque(op, "an op of several tensors" if len(inputs) > 1 else "a change of shape",
+                               [m for _, m in inputs], out)
+        if op in ELEMENTWISE:
+            zero = keeps_zero(func, args, kwargs, x_t)
         else:
-            self.opaque(op, "an op it does not know", [m for _, m in inputs], out)
+            padded = op == "pad" and arg(args, kwargs, 3, "value", 0) not in (0, None)
+            zero = op in ZERO_OPS and not padded
+        self.set(out, x.with_gate(None if zero else False))
 
     def layer(self, op: str, args, kwargs, out) -> None:
         """A convolution, linear layer or BatchNorm, known by its tensors: every one of them a
@@ -508,6 +559,23 @@ class _Walk(ChannelOps):
         self.g.uses.append(Use(name, f"{kind}_in", x, attrs, groups))
         self.set(out, Map([Seg(space, 0, width, False)]))
         return space
+
+
+def _dispatch() -> dict[str, str]:
+    """op name -> the walk's rule for it; a later line wins where the tables share a name."""
+    table: dict[str, str] = {}
+    for ops, rule in ((ZERO_OPS | PASS_OPS | ELEMENTWISE, "rule_elementwise"), (VALUE_OPS, "rule_value"),
+                      (SPLIT_OPS, "rule_split"), (REDUCE_OPS, "rule_reduce"),
+                      ({"max", "min"}, "rule_extremum"), (RESHAPE_OPS, "rule_reshape"),
+                      (SUM_OPS | PRODUCT_OPS | {"div"}, "rule_combine"), (NORM_OPS, "rule_norm"),
+                      ({"prelu"}, "rule_prelu"), ({"instance_norm"}, "rule_instance_norm"),
+                      ({n[3:] for n in dir(ChannelOps) if n.startswith("op_")}, "rule_method"),
+                      (LAYERS, "rule_layer"), (CONSTANT_OPS, "rule_constant")):
+        table.update(dict.fromkeys(ops, rule))
+    return table
+
+
+DISPATCH = _dispatch()
 
 
 def _memory(t: torch.Tensor) -> int:
