@@ -171,6 +171,8 @@ class ChannelGraph:
         self.kept: list[Kept] = []  # ops that kept the channels they read
         self.frames: dict[str, list[Map]] = {}  # module -> the maps its own forward's ops made
         self.borders: dict[str, list[Map]] = {}  # module -> the maps of its inputs and outputs
+        # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
+        self.group_counts: dict[str, list[tuple[int, Map]]] = {}
         self.bn_order = {name: i for i, (name, m) in enumerate(model.named_modules())
                          if isinstance(m, nn.modules.batchnorm._BatchNorm)}
 
@@ -187,6 +189,7 @@ class ChannelGraph:
         new.__dict__ = {k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in self.__dict__.items()}
         new.frames = {k: list(v) for k, v in self.frames.items()}
         new.borders = {k: list(v) for k, v in self.borders.items()}
+        new.group_counts = {k: list(v) for k, v in self.group_counts.items()}
         return new
 
     def kept_summary(self, limit: int = 6) -> str:

@@ -140,7 +140,7 @@ class PruneResult:
     layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     verified: float | None = None  # the check's largest relative difference (None: not checked)
-    widths: list = field(default_factory=list)  # (module, attribute, old, new) integer widths set
+    widths: list = field(default_factory=list)  # (module, attribute, old, new, sure) integer widths set
     budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
 
     def __post_init__(self):
@@ -220,8 +220,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             result = plan.build(masks, threshold, guarded)
         if verify:
             result.verified = _checked(model, result, example)
-        elif result.widths:  # unchecked: the widths set must at least let it run
-            _runs(result, example)
+        elif any(not sure for *_, sure in result.widths):  # unchecked: only the sure ones stay
+            _settle(result, lambda: None, keep=lambda change: change[4])
         if compensate:
             result.compensation = repair.compensate(model, result, example)
     return result
@@ -240,46 +240,39 @@ def _checked(model: nn.Module, result: PruneResult, example) -> float:
     return check(model, result, example)
 
 
-def _runs(result: PruneResult, example) -> None:
-    """Unchecked (``verify=False``): the integer widths set are kept where the pruned network
-    still runs with them (a split by ``expand_chs // 2`` would not; a blur filter's
-    ``groups=self.channels`` needs the new width), module by module."""
-    def run():
-        with torch.no_grad(), modes_kept(result.model):
-            result.model.eval()(*as_inputs(example))
-
-    try:
-        run()
-    except Exception:  # noqa: BLE001 (any failure: the widths are settled module by module)
-        _settle(result, run)
-
-
-def _settle(result: PruneResult, test: Callable[[], object], most: int = 16) -> None:
+def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
+            keep: Callable[[tuple], bool] | None = None) -> None:
     """Put every integer width ``update_widths`` set back, then set each module's again where
-    ``test`` (the check) still passes with it, for at most ``most`` modules; say which stay as
-    they were."""
+    ``test`` (the check) still passes with it, for at most ``most`` modules; ``keep``: the
+    changes kept without asking (with ``verify=False``, the sure ones only). Says which stay
+    as they were."""
     by_module: dict[str, list] = {}
     for change in result.widths:
         by_module.setdefault(change[0], []).append(change)
 
     def apply(changes, new: bool) -> None:
-        for name, attr, old, value in changes:
+        for name, attr, old, value, _ in changes:
             setattr(result.model.get_submodule(name), attr, value if new else old)
 
     apply(result.widths, False)
     kept = []
-    for changes in list(by_module.values())[:most]:
-        apply(changes, True)
-        try:
-            test()
-            kept += changes
-        except Exception:  # noqa: BLE001 (this module's widths break the forward: back)
-            apply(changes, False)
+    if keep is not None:
+        kept = [c for c in result.widths if keep(c)]
+        apply(kept, True)
+        why = "verify=False: only the check vouches for them"
+    else:
+        for changes in list(by_module.values())[:most]:
+            apply(changes, True)
+            try:
+                test()
+                kept += changes
+            except Exception:  # noqa: BLE001 (this module's widths break the forward: back)
+                apply(changes, False)
+        why = "the forward reads them as fixed sizes"
     left = [c for c in result.widths if c not in kept]
     result.widths = kept
-    names = ", ".join(f"{name}.{attr}" if name else attr for name, attr, _, _ in left[:6])
-    warnings.warn(f"{len(left)} integer attribute(s) left as they were (the forward reads them as fixed "
-                  f"sizes): {names}", stacklevel=4)
+    names = ", ".join(f"{c[0]}.{c[1]}" if c[0] else c[1] for c in left[:6])
+    warnings.warn(f"{len(left)} integer attribute(s) left as they were ({why}): {names}", stacklevel=4)
 
 
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -92,13 +92,15 @@ _LAYERS = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._BatchNorm) 
 
 
 def update_widths(new: nn.Module, graph: ChannelGraph,
-                  group_masks: dict[int, torch.Tensor]) -> list[tuple[str, str, int, int]]:
+                  group_masks: dict[int, torch.Tensor]) -> list[tuple[str, str, int, int, bool]]:
     """Integer attributes of ``new``'s modules that held a width the cut changed (a C2f block's
     ``self.c``, timm's ``num_features``), set to the new width where the trace can tell: the
     attribute's value is the width of tensors the module made or split in its own forward (else
     of its inputs and outputs, else of its children's), and all of those were cut alike. Those
     it cannot tell are named in one warning. Returns what it set: (module, attribute, old
-    value, new value)."""
+    value, new value, sure): ``sure`` where the value is the ``groups`` of a depthwise
+    convolution the module's forward called on those channels (a blur filter's), which must
+    follow them; the others ``prune``'s check vouches for."""
     def kept(m: Map) -> int:
         return sum(int(group_masks[graph.find(s.space)][s.start:s.start + s.length].sum())
                    if graph.find(s.space) in group_masks else s.length for s in graph.resolve(m).segs)
@@ -121,12 +123,18 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
         # what its forward made, then its inputs and outputs, then its children's
         sources = [widths_of(graph.frames.get(name, [])), widths_of(graph.borders.get(name, [])),
                    widths_of(children)]
+        groups = widths_of([m for count, m in graph.group_counts.get(name, [])])
         for attr, value in ints.items():
+            if value in groups and len(groups[value]) == 1:  # the groups= it convolved with
+                if groups[value] != {value}:
+                    changed.append((name, attr, value, next(iter(groups[value])), True))
+                    setattr(module, attr, changed[-1][3])
+                continue
             found = next((w[value] for w in sources if value in w), None)
             if found is None or found == {value}:
                 continue
             if len(found) == 1:
-                changed.append((name, attr, value, next(iter(found))))
+                changed.append((name, attr, value, next(iter(found)), False))
                 setattr(module, attr, changed[-1][3])
             else:
                 unclear.append(prefix + attr)

@@ -511,6 +511,8 @@ class _Walk(ChannelOps):
         if groups == cin == cout and not ignored:  # depthwise: channel c -> channel c
             self.again(name, x)
             self.g.uses.append(Use(name, "depthwise", x, attrs))
+            if self.stack and self.stack[-1] == name:  # F.conv2d(x, self.filt, groups=C) in a module:
+                self.g.group_counts.setdefault(name, []).append((groups, x))  # its groups follow x
             return self.set(out, x.with_gate(None if "bias" not in attrs else False))
         # grouped: every group keeps the same number of input and of output channels
         self.g.equal_blocks(x, groups, "groups")
