@@ -171,6 +171,7 @@ class ChannelGraph:
         self.kept: list[Kept] = []  # ops that kept the channels they read
         self.frames: dict[str, list[Map]] = {}  # module -> the maps its own forward's ops made
         self.borders: dict[str, list[Map]] = {}  # module -> the maps of its inputs and outputs
+        self.sides: dict[tuple[str, str], list[Map]] = {}  # (module, "in" / "out") -> those maps
         # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
         self.group_counts: dict[str, list[tuple[int, Map]]] = {}
         self.bn_order = {name: i for i, (name, m) in enumerate(model.named_modules())
@@ -189,6 +190,7 @@ class ChannelGraph:
         new.__dict__ = {k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in self.__dict__.items()}
         new.frames = {k: list(v) for k, v in self.frames.items()}
         new.borders = {k: list(v) for k, v in self.borders.items()}
+        new.sides = {k: list(v) for k, v in self.sides.items()}
         new.group_counts = {k: list(v) for k, v in self.group_counts.items()}
         return new
 

@@ -91,6 +91,17 @@ NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_hea
 _LAYERS = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._BatchNorm)  # ``cut`` sets theirs
 
 
+def _side(attr: str) -> str | None:
+    """Which side of a module an attribute's name says it measures: ``out_channels``, ``oup``,
+    ``out_chs`` its output, ``in_channels``, ``inp`` its input; None when it does not say."""
+    words = attr.lower().split("_")
+    if words[0] in ("out", "oup", "output") or attr in ("c2", "cout"):
+        return "out"
+    if words[0] in ("in", "inp", "input") or attr in ("c1", "cin"):
+        return "in"
+    return None
+
+
 def update_widths(new: nn.Module, graph: ChannelGraph,
                   group_masks: dict[int, torch.Tensor]) -> list[tuple[str, str, int, int, bool]]:
     """Integer attributes of ``new``'s modules that held a width the cut changed (a C2f block's
@@ -130,7 +141,11 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
                     changed.append((name, attr, value, next(iter(groups[value])), True))
                     setattr(module, attr, changed[-1][3])
                 continue
-            found = next((w[value] for w in sources if value in w), None)
+            side = _side(attr)  # out_channels: the width of what it gives, in_chs: of what it reads
+            if side is not None:
+                found = widths_of(graph.sides.get((name, side), [])).get(value)
+            else:
+                found = next((w[value] for w in sources if value in w), None)
             if found is None or found == {value}:
                 continue
             if len(found) == 1:

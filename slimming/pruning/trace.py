@@ -291,10 +291,12 @@ class _Walk(ChannelOps):
             if name in self.ignore:
                 for t in tensors(out):
                     self.pin_tensor(t, f"{name} is in ignore")
-            for t in (*tensors(args), *tensors(out)):
-                m_ = self.get(t)
-                if m_ is not None:
-                    self.g.borders.setdefault(name, []).append(m_)
+            for side, values in (("in", args), ("out", out)):
+                for t in tensors(values):
+                    m_ = self.get(t)
+                    if m_ is not None:
+                        self.g.borders.setdefault(name, []).append(m_)
+                        self.g.sides.setdefault((name, side), []).append(m_)
             if self.stack and self.stack[-1] == name:
                 self.stack.pop()
         return hook
