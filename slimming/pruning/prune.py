@@ -236,6 +236,9 @@ def _checked(model: nn.Module, result: PruneResult, example) -> float:
     except GraphError:
         if not result.widths:
             raise
+    for name, attr, old, _, _ in result.widths:
+        setattr(result.model.get_submodule(name), attr, old)
+    check(model, result, example)  # wrong whatever the widths: the GraphError stands
     _settle(result, lambda: check(model, result, example))
     return check(model, result, example)
 
