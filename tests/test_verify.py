@@ -21,6 +21,12 @@ from slimming.pruning.graph import GraphError
 torchvision = pytest.importorskip("torchvision")
 
 
+def assert_exact(model: nn.Module, result, x: torch.Tensor) -> None:
+    """The pruned network equals ``model`` with the cut channels zeroed, on ``x``."""
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+
+
 class Gate(nn.Module):
     """sigmoid(BN output) read by a convolution: sigmoid(0) = 0.5, so the cut channels are not
     zero for the reader, and the trace must keep them."""
@@ -121,9 +127,7 @@ def test_a_width_read_as_a_fixed_size_is_left_and_the_cut_stays_exact():
         result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16),
                                 compensate=False)
     assert result.model.chs == 32 and result.model.b[0].out_channels < 16 and not result.widths
-    x = torch.randn(2, 3, 16, 16)
-    with torch.no_grad():
-        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+    assert_exact(model, result, torch.randn(2, 3, 16, 16))
 
 
 class Deform(nn.Module):
@@ -159,8 +163,7 @@ def test_a_layer_of_your_own_is_followed_by_its_rule(deform_rule, tmp_path):
     assert dc.in_channels < 16 and dc.out_channels < 24
     assert result.model.offsets.in_channels == dc.in_channels  # the offsets' producer reads the same
     assert result.model.offsets.out_channels == 18  # offsets are positions, not channels: kept
-    with torch.no_grad():
-        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+    assert_exact(model, result, x)
     slimming.save_pruned(result.model, tmp_path / "deform.pth")
     again = slimming.load_pruned(tmp_path / "deform.pth", Deform()).eval()
     with torch.no_grad():
@@ -211,9 +214,7 @@ def test_unchecked_only_the_widths_a_convolution_was_given_are_set():
                                 compensate=False)
     pool = next(m for m in result.model.modules() if type(m).__name__ == "BlurPool2d")
     assert pool.channels == pool.filt.shape[0] < 64 and all(w[4] for w in result.widths)
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        assert rel_diff(result.model(x), zeroed(blur, result.masks)(x)) < 1e-5
+    assert_exact(blur, result, torch.randn(2, 3, 32, 32))
 
 
 class ZeroStart(nn.Module):
