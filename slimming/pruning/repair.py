@@ -100,11 +100,11 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     return summary
 
 
-def probe_like(example, count: int) -> tuple:
-    """``count`` random images in place of each input tensor of ``example`` (its batch size
-    replaced), the other inputs as they are."""
+def probe_like(example, count: int | None = None) -> tuple:
+    """Normal noise in place of each floating input tensor of ``example``, ``count`` images of
+    it (default: the example's own batch), the other inputs as they are."""
     gen = torch.Generator().manual_seed(0)
-    return tuple(torch.randn(count, *t.shape[1:], generator=gen).to(t.device, t.dtype)
+    return tuple(torch.randn(count or len(t), *t.shape[1:], generator=gen).to(t.device, t.dtype)
                  if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                  for t in as_inputs(example))
 

@@ -68,6 +68,9 @@ CONVS = {"conv1d": 1, "conv2d": 2, "conv3d": 3}
 TRANSPOSED = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}
 LAYERS = {*CONVS, *TRANSPOSED, "linear", "batch_norm"}
 _SHORTCUT = {torch.conv1d, torch.conv2d, torch.conv3d}
+# where a layer op takes its tensors (F.batch_norm / F.instance_norm, F.convNd / F.linear)
+NORM_ROLES = (("running_mean", 1), ("running_var", 2), ("weight", 3), ("bias", 4))
+LAYER_ROLES = (("weight", 1), ("bias", 2))
 
 
 def _conv_shape(args, kwargs) -> torch.Tensor | None:
@@ -436,22 +439,16 @@ class _Walk(ChannelOps):
         """InstanceNorm normalises every channel on its own: it carries the channels (its affine
         tensors, if any, cut with them); a zero stays zero unless its bias moves it."""
         x_t, x = inputs[0]
-        given = {role: arg(args, kwargs, i, role) for role, i in
-                 (("running_mean", 1), ("running_var", 2), ("weight", 3), ("bias", 4))}
-        given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
-        owners = {role: self.owner.get(id(t)) for role, t in given.items()}
-        if x.factor != 1 or len(inputs) > 1 or None in owners.values() or \
-                len({o[0] for o in owners.values()}) > 1:
+        given, name, attrs = self.owned(args, kwargs, NORM_ROLES)
+        if x.factor != 1 or len(inputs) > 1 or (given and attrs is None):
             return self.opaque(op, "an InstanceNorm of other than one module's channels",
                                [m for _, m in inputs], out)
         bias = given.get("bias")
         if self.stack:
             self.seen.add(self.stack[-1])  # an InstanceNorm module without tensors ran too
-        if owners:
-            name = next(iter(owners.values()))[0]
-            self.seen.add(name)
+        if name is not None:
             self.again(name, x)
-            self.g.uses.append(Use(name, "instance_norm", x, {r: o[1] for r, o in owners.items()}))
+            self.g.uses.append(Use(name, "instance_norm", x, attrs))
         self.set(out, x.with_gate(None if bias is None or not bool(bias.ne(0).any()) else False))
 
     def rule_elementwise(self, op, func, args, kwargs, out, inputs) -> None:
@@ -472,20 +469,11 @@ class _Walk(ChannelOps):
         parameter or buffer of one module (whose tensors of those names are then cut)."""
         x_t = args[0] if args else kwargs.get("input")
         x = self.get(x_t)
-        roles = (("running_mean", 1), ("running_var", 2), ("weight", 3), ("bias", 4)) \
-            if op == "batch_norm" else (("weight", 1), ("bias", 2))
-        given = {role: arg(args, kwargs, i, role) for role, i in roles}
-        given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
-        owners = {role: self.owner.get(id(t)) for role, t in given.items()}
-        names = {o[0] for o in owners.values() if o is not None}
-        name = next(iter(names)) if len(names) == 1 else None
-        if name is not None:
-            self.seen.add(name)
+        given, name, attrs = self.owned(args, kwargs, NORM_ROLES if op == "batch_norm" else LAYER_ROLES)
         if x is None:  # a layer of something made from constants: its outputs are kept
             return self.fresh(out, f"{name or op}: reads no tracked channels")
-        if name is None or None in owners.values() or not given:
+        if attrs is None or not given:
             return self.opaque(op, "a layer whose tensors are not one module's parameters", [x], out)
-        attrs = {role: o[1] for role, o in owners.items()}
         ignored = name in self.ignore or self.in_ignored()
         if op == "batch_norm":
             if x.factor != 1 or not isinstance(out, torch.Tensor) or out.dim() < 2:
@@ -520,6 +508,20 @@ class _Walk(ChannelOps):
         self.g.equal_blocks(x, groups, "groups")
         space = self.produce(name, "conv", x, cout, ignored, out, attrs, groups)
         self.g.equal_blocks(Map([Seg(space, 0, cout, False)]), groups, "groups")
+
+    def owned(self, args, kwargs, roles) -> tuple[dict, str | None, dict | None]:
+        """The tensors a layer op was called with, by part ({"weight": ..., ...}), the module
+        they belong to (marked as run) and which of its attributes each is; attrs None when
+        they are not all one module's parameters or buffers."""
+        given = {role: arg(args, kwargs, i, role) for role, i in roles}
+        given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
+        owners = {role: self.owner.get(id(t)) for role, t in given.items()}
+        names = {o[0] for o in owners.values() if o is not None}
+        name = next(iter(names)) if len(names) == 1 else None
+        if name is not None:
+            self.seen.add(name)
+        attrs = {role: o[1] for role, o in owners.items()} if name and None not in owners.values() else None
+        return given, name, attrs
 
     def channel_tensor(self, t: torch.Tensor, c: int) -> tuple[str, str, int] | None:
         """(module, attribute, dim) when ``t`` is a module's parameter or buffer of ``c``

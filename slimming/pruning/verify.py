@@ -18,17 +18,9 @@ from ..errors import first_line
 from ..utils.modules import modes_kept
 from .graph import GraphError
 from .ops import leaves
-from .trace import as_inputs
+from .repair import probe_like
 
 TOLERANCE = 1e-3  # largest |pruned - reference| over the reference's largest |value|, per output
-
-
-def random_like(example, seed: int = 0) -> tuple:
-    """The example's inputs with every floating tensor replaced by normal noise of its shape."""
-    gen = torch.Generator().manual_seed(seed)
-    return tuple(torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.device, t.dtype)
-                 if isinstance(t, torch.Tensor) and t.is_floating_point() else t
-                 for t in as_inputs(example))
 
 
 @contextlib.contextmanager
@@ -71,7 +63,7 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
     """The largest relative difference between ``result.model`` and ``original`` with
     ``result.masks``' cut channels zeroed, on a random input of the example's shape; GraphError
     (the model left as it was) where it exceeds ``tolerance`` or the pruned network fails."""
-    inputs = random_like(example)
+    inputs = probe_like(example)
     pruned = result.model
     with modes_kept(original), modes_kept(pruned), zeroed(original, result.masks):
         original.eval()
@@ -95,9 +87,13 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
         if difference(moved[1][""], want) > tolerance:  # discrete steps (NMS, top-k) in the forward
             return stable_difference(original, pruned, inputs, moved, tolerance, kept)
         where = first_difference(original, pruned, inputs, tolerance, kept)
-    raise GraphError(f"slimming refused its own cut: the pruned network differs from the original "
-                     f"with the cut channels zeroed by {diff:.3g} (relative), first in {where}; please "
-                     "report the network, and list that module in keep_whole= meanwhile")
+    raise differs(diff, where)
+
+
+def differs(diff: float, where: str) -> GraphError:
+    return GraphError(f"slimming refused its own cut: the pruned network differs from the original "
+                      f"with the cut channels zeroed by {diff:.3g} (relative), first in {where}; please "
+                      "report the network, and list that module in keep_whole= meanwhile")
 
 
 class _Failed(Exception):
@@ -194,10 +190,7 @@ def stable_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, nud
         if diff == float("inf"):
             continue
         if diff > tolerance:
-            raise GraphError(f"slimming refused its own cut: the pruned network differs from the "
-                             f"original with the cut channels zeroed by {diff:.3g} (relative), first in "
-                             f"{name or 'the model'}; please report the network, and list that module "
-                             "in keep_whole= meanwhile")
+            raise differs(diff, name or "the model")
         worst = max(worst, diff)
     return worst
 
