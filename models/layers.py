@@ -137,6 +137,27 @@ class ScaleRule(LayerRule):
         _set(module, attr, keep_slices(getattr(module, attr), keep["channels"], groups))
 
 
+@dataclass(frozen=True)
+class GroupNormRule(LayerRule):
+    """A GroupNorm: cut by whole groups (the graph keeps a group's channels together), so its
+    ``num_groups`` falls with them and each group keeps its size."""
+
+    def cut(self, module, keep, attrs=None, groups: int = 1) -> None:
+        size = module.num_channels // module.num_groups
+        super().cut(module, keep, attrs, groups)
+        if keep.get("channels") is not None:
+            module.num_groups = module.num_channels // size
+
+    def resize(self, module, state_dict, prefix, path) -> bool:
+        size = module.num_channels // module.num_groups
+        changed = super().resize(module, state_dict, prefix, path)
+        if module.num_channels % size:
+            raise CheckpointError(f"{path}: {prefix}weight has {module.num_channels} channels, not whole "
+                                  f"groups of {size}")
+        module.num_groups = module.num_channels // size
+        return changed
+
+
 RULES: dict[str, LayerRule] = {
     "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
                      widths={"in_channels": "in", "out_channels": "out"}),
@@ -150,11 +171,12 @@ RULES: dict[str, LayerRule] = {
     "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True),
     "frozen_bn": LayerRule(carries=BN_TENSORS),  # torchvision's FrozenBatchNorm2d: not trained
     "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}),
+    "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"}),
     "scale": ScaleRule(),
 }
 MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn"}  # type (or class name) -> kind
 _RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
-            (nn.modules.instancenorm._InstanceNorm, "instance_norm"))
+            (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"))
 
 
 def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> str:

@@ -150,7 +150,7 @@ class Rolled(nn.Module):
         return torch.roll(self.bn(self.conv(x)), 1, dims=1)
 
 
-@pytest.mark.parametrize("model,needle", [(ChannelShuffle(), "view"), (Rolled(), "roll")],
+@pytest.mark.parametrize("model,needle", [(ChannelShuffle(), "channel shuffle"), (Rolled(), "roll")],
                          ids=["shuffle", "roll"])
 def test_where_nothing_can_be_cut_the_refusal_says_what_kept_it_and_changes_nothing(model, needle):
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -211,3 +211,31 @@ def test_the_pruned_copy_shares_no_tensor_with_the_original():
     theirs = {t.data_ptr() for t in (*result.model.parameters(), *result.model.buffers()) if t.numel()}
     assert not ours & theirs
     assert set(vars(model)) == set(vars(torchvision.models.resnet18(num_classes=10)))  # nothing parked
+
+
+def test_permutation_agrees_with_torch_on_random_permuting_calls():
+    """``ops.permutation`` (where each output dim comes from) against torch itself, on tensors
+    whose dims all have different sizes, for random permute / transpose / movedim calls."""
+    from slimming.pruning.ops import permutation
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        n = int(torch.randint(2, 6, (1,), generator=g))
+        x = torch.zeros(*range(2, n + 2))
+        op = ["permute", "transpose", "movedim", "mT", "swapaxes"][int(torch.randint(5, (1,), generator=g))]
+
+        def r(n=n):
+            return int(torch.randint(-n, n, (1,), generator=g))
+        if op == "permute":
+            args = (x, torch.randperm(n, generator=g).tolist())
+            out = x.permute(*args[1])
+        elif op in ("transpose", "swapaxes"):
+            args = (x, r(), r())
+            out = getattr(x, op)(args[1], args[2])
+        elif op == "movedim":
+            k = int(torch.randint(1, n + 1, (1,), generator=g))
+            args = (x, *(torch.randperm(n, generator=g)[:k].tolist() for _ in range(2)))
+            out = x.movedim(args[1], args[2])
+        else:
+            args, out = (x,), x.mT
+        perm = permutation(op, args, {}, n)
+        assert [x.shape[p] for p in perm] == list(out.shape), (op, args[1:])

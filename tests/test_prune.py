@@ -201,3 +201,19 @@ def test_pruned_checkpoint_round_trip(tiny_vgg, tmp_path):
     loaded = load_model(path)
     x = torch.randn(2, 3, 32, 32)
     assert torch.equal(loaded(x), result.model(x))
+
+
+def test_prune_warns_as_the_command_line_does_of_a_model_without_sparsity():
+    """From Python too: cutting far more channels than sparsity training left near zero is a
+    UserWarning, and a sparsity-trained model prunes without one."""
+    import warnings
+
+    model = models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 16])
+    with pytest.warns(UserWarning, match=r"0\.0% of the BatchNorm \|gamma\| are under 0\.01 but \d+\.\d% of"):
+        prune(model, percent=0.5)
+    with torch.no_grad():
+        for bn in model.prunable_bns():
+            bn.weight[: bn.num_features // 2] = 1e-4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        prune(model, percent=0.5)

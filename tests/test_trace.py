@@ -410,3 +410,59 @@ def test_segmentation_models_pytorch_decoders(arch, encoder):
         result = check_exact(model, torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(5)),
                              percents=(0.3, 0.7))
     assert result.model(torch.zeros(1, 3, 64, 64)).shape == (1, 3, 64, 64)
+
+
+# Layout changes and their inverses, each (forward, inverse) on an (N, C, H, W) tensor, as
+# channels-last and token networks write them
+LAYOUTS = {
+    "permute": (lambda x: x.permute(0, 2, 3, 1), lambda x: x.permute(0, 3, 1, 2)),
+    "movedim": (lambda x: x.movedim(1, -1), lambda x: torch.movedim(x, 3, 1)),
+    "transposes": (lambda x: x.transpose(1, 3).transpose(1, 2),
+                   lambda x: x.transpose(1, 2).transpose(1, 3)),
+    "tokens": (lambda x: x.flatten(2).transpose(1, 2).unflatten(1, x.shape[2:]),
+               lambda x: x.flatten(1, 2).transpose(1, 2).reshape(x.shape[0], x.shape[3], *x.shape[1:3])),
+    "view-tokens": (lambda x: x.reshape(*x.shape[:2], -1).mT.reshape(x.shape[0], *x.shape[2:], -1),
+                    lambda x: x.reshape(x.shape[0], -1, x.shape[3]).mT.reshape(x.shape[0], x.shape[3],
+                                                                                  x.shape[1], -1)),
+}
+# what runs on the channels-last tensor in between: element-wise, a per-channel scale of the
+# last dim, a sum of two tokens views (a residual in that layout), a mean over the tokens added back
+BETWEEN = {
+    "gelu": lambda m, x: F.gelu(x),
+    "scale": lambda m, x: x * m.gamma,
+    "residual": lambda m, x: x + F.silu(x),
+    "pooled": lambda m, x: x + x.mean((1, 2), keepdim=True),
+}
+
+
+class Layouts(nn.Module):
+    """conv+BN, to channels-last by ``there``, ``between`` there, back by ``back``, conv+BN."""
+
+    def __init__(self, there, back, between):
+        super().__init__()
+        self.a, self.b, self.fc = cbr(3, 16), cbr(16, 12), nn.Linear(12, 5)
+        self.gamma = nn.Parameter(torch.rand(16) + 0.5)
+        self.there, self.back, self.between = there, back, between
+
+    def forward(self, x):
+        y = self.back(self.between(self, self.there(self.a(x))))
+        return self.fc(self.b(y).mean((2, 3)))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("between", BETWEEN)
+def test_channels_followed_through_any_layout_and_back(layout, between):
+    """The channel dimension is followed wherever permutes, views and token reshapes move it:
+    the first BatchNorm's channels are cut (not kept), and the network is exact."""
+    torch.manual_seed(0)
+    model = Layouts(*LAYOUTS[layout], BETWEEN[between])
+    x = torch.randn(2, 3, 8, 10)
+    with torch.no_grad():
+        model.eval()
+        assert model.back(model.there(x)).equal(x)  # the pair is a round trip
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = check_exact(model, x, percents=(0.5,))
+    assert result.masks["a.1"].sum() < 16
+    if between == "scale":  # the per-channel parameter of the last dim is cut with its channels
+        assert result.model.gamma.shape[0] == result.masks["a.1"].sum()

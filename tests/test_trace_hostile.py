@@ -15,6 +15,7 @@ the patterns that must be pruned exactly (what cannot be followed is kept, not r
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import pytest
@@ -577,11 +578,91 @@ class InstanceNormed(nn.Module):
         return self.out(self.b(self.a(self.stem(x))))
 
 
+class GroupNormed(nn.Module):
+    """GroupNorm after BatchNorm layers: one without an affine part (it keeps a group of zeros
+    at zero: cut by whole groups), one with a bias (its groups are kept)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.a, self.gn = cbr(3, 16), cbr(16, 32), nn.GroupNorm(4, 32, affine=False)
+        self.b, self.gn2, self.fc = cbr(32, 16), nn.GroupNorm(2, 16), head(16)
+        nn.init.uniform_(self.gn2.bias, 0.1, 0.2)
+
+    def forward(self, x):
+        return self.fc(self.gn2(self.b(self.gn(self.a(self.stem(x))))))
+
+
+class LinearNorm(nn.Module):
+    """LeViT's Linear + BatchNorm1d over tokens: the BatchNorm reads (N * L, C)."""
+
+    def __init__(self, i: int, o: int):
+        super().__init__()
+        self.c, self.bn = nn.Linear(i, o, bias=False), nn.BatchNorm1d(o)
+
+    def forward(self, x):
+        x = self.c(x)
+        return self.bn(x.flatten(0, 1)).reshape_as(x)
+
+
+class Tokens(nn.Module):
+    """A hybrid network's token stage: the convolution's channels become the last dim of
+    (N, H*W, C) tokens, LeViT-style linear layers with BatchNorm1d cut them there, the tokens go
+    back to (N, C, H, W) for a convolution; a class token is picked by index for the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = cbr(3, 16, 3, 2)
+        self.fc1, self.fc2 = LinearNorm(16, 32), LinearNorm(32, 16)
+        self.conv, self.head = cbr(16, 24), nn.Linear(24, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        n, c, h, w = x.shape
+        t = x.flatten(2).transpose(1, 2)
+        t = t + self.fc2(F.gelu(self.fc1(t)))
+        y = self.conv(t.transpose(1, 2).reshape(n, c, h, w))
+        return self.head(y.flatten(2).transpose(1, 2)[:, 0] + y.mean((2, 3)))
+
+
+class HeadsAttention(nn.Module):
+    """Attention over the pixels with queries, keys and values from one 1x1 convolution and
+    BatchNorm, viewed into heads by ``-1`` (widths read from the tensor, not from attributes):
+    ``sdpa`` uses F.scaled_dot_product_attention with its scale given, else q @ k^T."""
+
+    def __init__(self, c: int, heads: int = 2, sdpa: bool = False):
+        super().__init__()
+        self.heads, self.sdpa, self.scale = heads, sdpa, (c // heads) ** -0.5
+        self.qkv, self.proj = cb(c, 3 * c), cb(c, c)
+
+    def forward(self, x):
+        b, _, h, w = x.shape
+        q, k, v = self.qkv(x).view(b, 3, self.heads, -1, h * w).transpose(-2, -1).unbind(1)
+        if self.sdpa:
+            o = F.scaled_dot_product_attention(q, k, v, scale=self.scale)
+        else:
+            o = ((q * self.scale) @ k.transpose(-2, -1)).softmax(-1) @ v
+        return x + self.proj(o.transpose(-2, -1).reshape(b, -1, h, w))
+
+
+class PixelAttention(nn.Module):
+    def __init__(self, sdpa: bool = False):
+        super().__init__()
+        self.stem, self.attn, self.fc = cbr(3, 16, 3, 2), HeadsAttention(16, 2, sdpa), head(16)
+
+    def forward(self, x):
+        return self.fc(self.attn(self.stem(x)))
+
+
+class SDPAttention(PixelAttention):
+    def __init__(self):
+        super().__init__(sdpa=True)
+
+
 PATTERNS = {m.__name__: m for m in (
     ViewWrite, AliasWrite, HardtanhArgs, DataclassOut, ObjectOut, SetItem, DotData, CustomConv,
     BlurPool, TrainOnlyAux, PSA, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
     GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
-    TwoInputs, SharedConv, StackLast, InstanceNormed)}
+    TwoInputs, SharedConv, StackLast, InstanceNormed, Tokens, PixelAttention, SDPAttention, GroupNormed)}
 
 INPUTS = {"Video3d": [(3, 4, 16, 16)], "TwoInputs": [(3, 32, 32), (3, 32, 32)]}
 
@@ -600,6 +681,9 @@ MUST_PRUNE = {
     "LayerScale": "ConvNeXt / CaiT layer scale", "GroupNormNeck": "FPN decoder with GroupNorm",
     "ChannelsLastLN": "ConvNeXt LayerNorm", "PooledBN1d": "BatchNorm1d neck (re-id)",
     "Video3d": "3-D CNNs (R3D, X3D)", "TwoInputs": "siamese / two-stream", "SharedConv": "RetinaNet head",
+    "Tokens": "LeViT / hybrid token stages", "PixelAttention": "multi-head attention (matmul)",
+    "SDPAttention": "multi-head attention (scaled_dot_product_attention)",
+    "GroupNormed": "GroupNorm after BatchNorm layers",
 }
 
 
@@ -700,15 +784,31 @@ def test_a_head_only_training_runs_still_runs_after_the_cut():
     assert pruned.eval()(x).shape == (2, 5)
 
 
-def test_c2f_forward_split_equals_forward_after_the_cut():
+def test_c2f_forward_split_equals_forward_after_the_cut_and_after_loading(tmp_path):
     model = build("C2fSplit", 0)
     x = example("C2fSplit", 2, 0)
     result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
     pruned = result.model
     assert result.masks["block.cv1.1"].sum() < 32, "the test needs cv1 cut"
+    slimming.save_pruned(pruned, tmp_path / "c2f.pth")
+    loaded = slimming.load_pruned(tmp_path / "c2f.pth", PATTERNS["C2fSplit"]())
+    assert loaded.block.c == pruned.block.c < model.block.c  # the width the cut set travels too
     with torch.no_grad():
-        h = pruned.stem(x)
-        assert rel_diff(pruned.block.forward_split(h), pruned.block(h)) < 1e-6
+        for net in (pruned, loaded):
+            h = net.stem(x)
+            assert rel_diff(net.block.forward_split(h), pruned.block(h)) < 1e-6
+
+
+def test_a_saved_width_never_raises_an_attribute(tmp_path):
+    """A file can only lower an integer attribute (as a cut does), never raise one: a width of
+    2**31 in a small file does not reach the user's forward."""
+    model = build("C2fSplit", 0)
+    result = slimming.prune(model, percent=0.5, example_inputs=example("C2fSplit"), compensate=False)
+    blob = {"format": "slimming-pruned", "version": 1, "widths": {"block.c": 2 ** 31},
+            "state_dict": result.model.state_dict()}
+    from slimming.utils.safeload import save_checked
+    save_checked(blob, tmp_path / "big.pth")
+    assert slimming.load_pruned(tmp_path / "big.pth", PATTERNS["C2fSplit"]()).block.c == model.block.c
 
 
 def test_a_blur_pool_filter_keeps_one_row_per_input_channel():
@@ -719,3 +819,52 @@ def test_a_blur_pool_filter_keeps_one_row_per_input_channel():
     assert pruned.blur.filt.shape[0] == pruned.a[1].num_features
     with torch.no_grad():
         assert pruned(x).shape == (2, 5)
+
+
+@pytest.mark.parametrize("name,layer,side", [
+    ("PixelAttention", "attn.qkv.0", "out"), ("SDPAttention", "attn.qkv.0", "out"),
+    ("Tokens", "fc1.c", "in"), ("Tokens", "fc1.c", "out"), ("SelectiveKernel", "sk.select", "out")])
+def test_attention_heads_tokens_and_kernel_paths_are_cut_not_kept(name, layer, side):
+    """Followed, not only kept: heads viewed from one convolution lose the same positions in
+    every head (queries, keys and values alike), tokens are cut along their last dim, the paths
+    of a selective kernel along theirs."""
+    model = build(name, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing kept by an op it cannot follow
+        result = slimming.prune(model, percent=0.5, example_inputs=example(name), compensate=False)
+    mask = result.layers[layer][side]
+    assert 0 < int(mask.sum()) < len(mask)
+    if layer.endswith("qkv.0"):  # (q, k, v) x heads blocks of one head's width: cut alike
+        blocks = mask.view(6, -1)
+        assert (blocks == blocks[0]).all()
+    if layer == "sk.select":  # one block per path
+        assert (mask.view(2, -1) == mask.view(2, -1)[0]).all()
+
+
+def test_without_the_check_heads_are_kept_and_a_forward_that_fixes_their_width_falls_back():
+    """verify=False cannot vouch for the widths a forward reads, so heads stay whole. YOLOv10's
+    PSA reads its input's width to merge the heads back: cut, the check fails, and the prune
+    keeps the heads (one warning) and stays exact."""
+    model = build("PixelAttention", 0)
+    with pytest.warns(UserWarning, match=r"attention heads.*verify=False"):
+        result = slimming.prune(model, percent=0.5, example_inputs=example("PixelAttention"),
+                                compensate=False, verify=False)
+    assert "attn.qkv.0" not in result.layers or result.layers["attn.qkv.0"]["out"].all()
+    model = build("PSA", 0)
+    with pytest.warns(UserWarning, match=r"the channels of block\.attn.* are kept: cut, the network did not"):
+        assert outcome(model, example("PSA"), 0.3) == "exact"
+
+
+def test_a_groupnorm_is_cut_by_whole_groups_and_loads_back(tmp_path):
+    model = build("GroupNormed", 0)
+    x = example("GroupNormed", 2, 0)
+    result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+    kept = result.masks["a.1"].view(4, 8)  # the GroupNorm's 4 groups of 8
+    assert (kept.all(1) | ~kept.any(1)).all() and not kept.all()
+    assert result.model.gn.num_groups == int(kept.all(1).sum())
+    assert result.masks["b.1"].all()  # read by a GroupNorm with a bias: kept
+    slimming.save_pruned(result.model, tmp_path / "gn.pth")
+    loaded = slimming.load_pruned(tmp_path / "gn.pth", PATTERNS["GroupNormed"]()).eval()
+    assert loaded.gn.num_groups == result.model.gn.num_groups
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model.eval()(x))

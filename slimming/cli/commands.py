@@ -25,7 +25,6 @@ from ..measure.stats import (
 )
 from ..pruning.importance import get_importance
 from ..pruning.repair import recalibrate_bn
-from ..pruning.select import prunable_bns
 from ..tools import plots
 from ..tools.export import export_model
 from ..tools.prune_checkpoint import prune_checkpoint
@@ -46,7 +45,6 @@ from ..training.runs import (
     plain_args,
     read_checkpoint,
 )
-from ..training.sparsity import SPARSE_BOUND
 from ..training.train import MakeModel, load_init, train
 
 # --------------------------------------------------------------------------- train, finetune
@@ -124,8 +122,8 @@ def cmd_eval(args) -> dict:
 
 def prune_warnings(model: nn.Module, result, min_channels: int, ask: str = "--percent") -> list[str]:
     """What to say before a fine-tune is spent on a pruning that cannot work well: layers the
-    guard refilled, and a model whose gammas show no sparsity. ``ask``: the flag that asked for
-    the cut (``--percent``, ``--threshold``, ``--target-flops``, ``--target-params``)."""
+    guard refilled (a model without sparsity, the library says itself). ``ask``: the flag that
+    asked for the cut (``--percent``, ``--threshold``, ``--target-flops``, ``--target-params``)."""
     notes = []
     if result.guarded:
         names = ", ".join(result.guarded[:6]) + (", ..." if len(result.guarded) > 6 else "")
@@ -134,15 +132,7 @@ def prune_warnings(model: nn.Module, result, min_channels: int, ask: str = "--pe
         notes.append(f"{len(result.guarded)} layer(s) fell to the --min-channels guard and keep "
                      f"only their {min_channels} largest-|gamma| channel(s): {names}; that can "
                      f"cost much accuracy: try {smaller}")
-    gammas = torch.cat([bn.weight.detach().abs().float().cpu() for bn in prunable_bns(model)])
-    near_zero = (gammas < SPARSE_BOUND).float().mean().item()
-    cut = sum(b - a for _, b, a in result.layer_table()) / max(gammas.numel(), 1)
-    if near_zero < cut / 2:
-        notes.append(f"only {100 * near_zero:.1f}% of prunable |gamma| are under {SPARSE_BOUND:g} but "
-                     f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, "
-                     "so this cuts channels that still matter; sparsity training comes first "
-                     "(slimming train --sparsity 1e-4 ...)")
-    return notes
+    return notes  # the library itself warns of a model without sparsity (prune.little_sparsity)
 
 
 def shape_options(args) -> dict:

@@ -11,6 +11,7 @@ import argparse
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 
 from .. import models
@@ -560,7 +561,11 @@ def main(argv: list[str] | None = None) -> int:
     check_args(Parser(prog=f"slimming {args.command}", add_help=False), args)  # errors name the command
     devices.new_command()
     name = f"slimming {args.command}"
-    with handle_signals():
+    def warn(message, category, filename, lineno, file=None, line=None):  # one line each
+        print(f"{name}: warning: {message}", file=sys.stderr)
+
+    with handle_signals(), warnings.catch_warnings():
+        warnings.showwarning = warn
         try:
             args.func(args)
         except SlimmingError as e:  # the user's mistake: one line, no traceback

@@ -21,16 +21,41 @@ FORMAT, VERSION = "slimming-pruned", 1
 
 def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> None:
     """Write ``model``'s state_dict (unwrapped from DDP / torch.compile) to ``path``, atomically,
-    with a checksum; ``fields``: plain values to keep with it (the epoch, an accuracy)."""
-    save_checked({"format": FORMAT, "version": VERSION, **fields,
-                  "state_dict": unwrap(model).state_dict()}, path)
+    with a checksum, and its modules' integer attributes (the widths the cut set: a C2f block's
+    ``c``, a GroupNorm's ``num_groups``); ``fields``: plain values to keep with it (the epoch,
+    an accuracy)."""
+    model = unwrap(model)
+    save_checked({"format": FORMAT, "version": VERSION, **fields, "widths": int_attributes(model),
+                  "state_dict": model.state_dict()}, path)
+
+
+def int_attributes(model: nn.Module) -> dict[str, int]:
+    """{"module.attribute": value} for every public integer attribute of ``model``'s modules."""
+    return {f"{name}.{attr}" if name else attr: v for name, m in model.named_modules()
+            for attr, v in vars(m).items() if type(v) is int and not attr.startswith("_")}
+
+
+def _set_widths(model: nn.Module, widths, path) -> None:
+    """The saved integer attributes, set where the fresh model has that attribute as an int of
+    at least that value (a cut only lowers widths; a file cannot raise one)."""
+    if widths is None:
+        return  # a file from before they were saved
+    if not isinstance(widths, dict) or not all(isinstance(k, str) and type(v) is int
+                                               for k, v in widths.items()):
+        raise CheckpointError(f"{path}: its widths are not integer attributes by name")
+    modules = dict(model.named_modules())
+    for key, value in widths.items():
+        name, _, attr = key.rpartition(".")
+        m = modules.get(name)
+        if m is not None and type(vars(m).get(attr)) is int and 0 <= value <= vars(m)[attr]:
+            setattr(m, attr, value)
 
 
 def load_pruned(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     """``model`` (a freshly built, unpruned instance of the class that was pruned) given the
-    widths and weights saved in ``path``, in place; returned in eval mode. Every Conv2d,
-    BatchNorm and Linear takes the width its weights have in the file; anything else must match
-    as built. CheckpointError (one line) for a file that is not one, or weights that do not fit."""
+    widths and weights saved in ``path``, in place; returned in eval mode. Every layer takes the
+    width its weights have in the file, every integer attribute the value saved; anything else
+    must match as built. CheckpointError (one line) for a file that is not one, or weights that do not fit."""
     blob = read_file(path)  # bounded, weights_only
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a file written by slimming.save_pruned")
@@ -44,6 +69,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     model = unwrap(model)
     with torch.no_grad():
         resize_like(model, state, str(path))
+        _set_widths(model, blob.get("widths"), path)
         try:
             model.load_state_dict(state, strict=True)
         except (RuntimeError, KeyError, TypeError) as e:

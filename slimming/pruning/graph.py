@@ -56,6 +56,7 @@ class Seg:
 class Map:
     segs: list[Seg]
     factor: int = 1  # features per channel once flattened: (N, C, H, W) -> (N, C*H*W)
+    dim: int = 1  # the tensor's channel dimension: 1 for (N, C, H, W), 3 for channels-last (N, H, W, C)
 
     @property
     def channels(self) -> int:
@@ -64,7 +65,11 @@ class Map:
     def with_gate(self, gated: bool | None) -> Map:
         """The same channels; ``gated`` None keeps each segment's own flag."""
         return Map([Seg(s.space, s.start, s.length, s.gated if gated is None else gated)
-                    for s in self.segs], self.factor)
+                    for s in self.segs], self.factor, self.dim)
+
+    def at(self, dim: int) -> Map:
+        """The same channels, at dimension ``dim`` of the tensor that carries them."""
+        return Map(self.segs, self.factor, dim)
 
     def slice(self, start: int, stop: int) -> Map:
         """The channels at positions [start, stop) of this map."""
@@ -74,7 +79,7 @@ class Map:
             if lo < hi:
                 out.append(Seg(s.space, s.start + lo - pos, hi - lo, s.gated))
             pos += s.length
-        return Map(out, self.factor)
+        return Map(out, self.factor, self.dim)
 
     def take(self, positions: list[int]) -> Map:
         """The channels at ``positions`` (in that order), runs merged into segments."""
@@ -87,7 +92,7 @@ class Map:
                 last.length += 1
             else:
                 out.append(s)
-        return Map(out, self.factor)
+        return Map(out, self.factor, self.dim)
 
 
 @dataclass
@@ -165,10 +170,12 @@ class ChannelGraph:
         self.uses: list[Use] = []
         self.pins: list[tuple[Seg, str]] = []  # channels always kept, and why
         # sets of blocks (each a list of segments) that keep equal counts, and what made them:
-        # "chunk" (the pieces of one tensor) or "groups" (a grouped convolution's groups)
+        # "chunk" (the pieces of one tensor) or "groups" (a grouped convolution's groups); or
+        # "whole": blocks each kept or cut whole (a GroupNorm's groups)
         self.equal: list[tuple[str, list[list[Seg]]]] = []
         self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
         self.kept: list[Kept] = []  # ops that kept the channels they read
+        self.sized: list[str] = []  # modules where blocks (heads) or splits by attribute sizes were followed
         self.frames: dict[str, list[Map]] = {}  # module -> the maps its own forward's ops made
         self.borders: dict[str, list[Map]] = {}  # module -> the maps of its inputs and outputs
         self.sides: dict[tuple[str, str], list[Map]] = {}  # (module, "in" / "out") -> those maps
@@ -249,7 +256,7 @@ class ChannelGraph:
                 continue
             whole = Map([Seg(p, 0, self.sizes[p], s.gated) for p in pieces])
             out.extend(self.resolve(whole.slice(s.start, s.start + s.length)).segs)
-        return Map(out, m.factor)
+        return Map(out, m.factor, m.dim)
 
     def refine(self, m: Map, pieces: int) -> list[Map] | None:
         """Split the one whole, untied space ``m`` covers into ``pieces`` equal spaces of their
@@ -275,7 +282,29 @@ class ChannelGraph:
             return None
         new = [self.new_space(n) for n in sizes]
         self.refined[s.space] = new  # groups() skips it: its pieces are the spaces now
-        return [Map([Seg(p, 0, n, s.gated)], m.factor) for p, n in zip(new, sizes)]
+        return [Map([Seg(p, 0, n, s.gated)], m.factor, m.dim) for p, n in zip(new, sizes)]
+
+    def split_all(self, m: Map, sizes: list[int]) -> list[Map] | None:
+        """Split the whole space ``m`` covers, and every space tied to it, into runs of
+        ``sizes`` channels, the runs of tied spaces tied again run by run (the queries, keys
+        and values of every attention head); None when ``m`` is not one whole space."""
+        m = self.resolve(m)
+        if len(m.segs) != 1 or len(sizes) < 2:
+            return None
+        s = m.segs[0]
+        root = self.find(s.space)
+        if s.start or s.length != self.sizes[root] or sum(sizes) != s.length:
+            return None
+        members = [o for o in range(len(self.parent)) if o not in self.refined and self.find(o) == root]
+        pieces = {}
+        for o in members:
+            pieces[o] = [self.new_space(n) for n in sizes]
+            self.refined[o] = pieces[o]
+        for o in members:
+            for a, b in zip(pieces[members[0]], pieces[o]):
+                if self.find(a) != self.find(b):
+                    self.parent[self.find(b)] = self.find(a)
+        return [Map([Seg(p, 0, n, s.gated)], m.factor, m.dim) for p, n in zip(pieces[s.space], sizes)]
 
     def pin(self, m: Map, why: str) -> None:
         for seg in m.segs:
@@ -287,6 +316,11 @@ class ChannelGraph:
         if blocks > 1:
             n = m.channels // blocks
             self.equal.append((kind, _chunks(m.segs, [n] * blocks)))
+
+    def whole_blocks(self, m: Map, blocks: int) -> None:
+        """The ``blocks`` equal runs of ``m`` are each kept or cut whole (a GroupNorm's groups)."""
+        if m.channels // blocks > 1:
+            self.equal.append(("whole", _chunks(m.segs, [m.channels // blocks] * blocks)))
 
     def pinned_everywhere(self, m: Map) -> bool:
         """Whether every channel of ``m`` is pinned by now (so no cut can reach it)."""
@@ -330,7 +364,7 @@ class ChannelGraph:
                         self.parent[rb] = ra
                     gated = (sa.gated or sb.gated) if product else (sa.gated and sb.gated)
                     out.append(Seg(sa.space, sa.start, sa.length, gated))
-                return Map(out, a.factor)
+                return Map(out, a.factor, a.dim)
         self.pin(a, why)
         self.pin(b, why)
         return a.with_gate(False)

@@ -26,13 +26,13 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import SlimmingError
+from ..errors import SlimmingError, first_line
 from ..models.common import BN_STATE
 from ..utils.modules import keep_slices, modes_kept, unwrap
 from . import budget, repair, surgery
 from .graph import GraphError, Group
 from .importance import DEFAULT, Importance, get_importance
-from .select import equalize, scaled_prunable_bns, select
+from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select
 from .trace import as_inputs, trace
 from .verify import check
 
@@ -204,27 +204,66 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         raise SlimmingError("give exactly one of percent, threshold, target_flops and target_params",
                             param=("percent", "threshold", "target_flops", "target_params"))
     example = default_example(model) if example_inputs is None else example_inputs
-    with modes_kept(model):
-        if surgery == "graph" or models.family(getattr(model, "arch", None)) is None:
-            plan = _traced_plan(model, importance, example, ignore, keep_whole)
-        else:
-            plan = _family_plan(model, importance)
-        limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
-        if target_flops is not None or target_params is not None:
-            if len(as_inputs(example)) != 1:
-                raise SlimmingError("a FLOPs or parameter budget needs a model of one input; give "
-                                    "percent or threshold", param=("target_flops", "target_params"))
+    traced = surgery == "graph" or models.family(getattr(model, "arch", None)) is None
+    limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
+    budgeted = target_flops is not None or target_params is not None
+    if budgeted and len(as_inputs(example)) != 1:
+        raise SlimmingError("a FLOPs or parameter budget needs a model of one input; give "
+                            "percent or threshold", param=("target_flops", "target_params"))
+
+    def attempt(follow_sizes: bool) -> PruneResult:
+        plan = _traced_plan(model, importance, example, ignore, keep_whole, follow_sizes) if traced \
+            else _family_plan(model, importance)
+        if budgeted:
             result = budget.search(model, plan, example, target_flops, target_params, limits)
         else:
-            masks, threshold, guarded = select(plan.scores, percent, threshold, **limits)
-            result = plan.build(masks, threshold, guarded)
+            masks, cut_at, guarded = select(plan.scores, percent, threshold, **limits)
+            result = plan.build(masks, cut_at, guarded)
         if verify:
-            result.verified = _checked(model, result, example)
+            try:
+                result.verified = _checked(model, result, example)
+            except GraphError as e:
+                if not plan.sized:
+                    raise
+                warnings.warn(f"the channels of {_names(plan.sized)} are kept: cut, the network did not "
+                              f"match ({first_line(e, 160)}); its forward reads widths the cut cannot set",
+                              stacklevel=3)
+                return attempt(False)
         elif any(not sure for *_, sure in result.widths):  # unchecked: only the sure ones stay
             _settle(result, lambda: None, keep=lambda change: change[4])
+        return result
+
+    with modes_kept(model):
+        # attention heads and splits by sizes held in attributes are followed where the check
+        # can vouch for the widths the cut sets; without it (or where it fails) they are kept
+        result = attempt(traced and verify)
+        note = little_sparsity(model, result)
+        if note:
+            warnings.warn(note, stacklevel=2)
         if compensate:
             result.compensation = repair.compensate(model, result, example)
     return result
+
+
+def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
+    """What to say when the cut takes far more channels than sparsity training left near zero
+    (fewer than half as many |gamma| under ``SPARSE_BOUND`` as channels cut): the cut then takes
+    channels that still matter."""
+    names = [n for n, m in zip(result.layer_names, result.cfg_mask) if len(m)]
+    gammas = [w.detach().abs().float().flatten().cpu() for n in names
+              if (w := getattr(model.get_submodule(n), "weight", None)) is not None]
+    if not gammas:
+        return None
+    gammas = torch.cat(gammas)
+    near_zero = (gammas < SPARSE_BOUND).float().mean().item()
+    total = sum(b for _, b, _ in result.layer_table())
+    cut = sum(b - a for _, b, a in result.layer_table()) / max(total, 1)
+    if near_zero >= cut / 2:
+        return None
+    return (f"only {100 * near_zero:.1f}% of the BatchNorm |gamma| are under {SPARSE_BOUND:g} but "
+            f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, so this cuts "
+            "channels that still matter; sparsity training comes first (slimming.BNSparsity, or "
+            "slimming train --sparsity 1e-4)")
 
 
 def _checked(model: nn.Module, result: PruneResult, example) -> float:
@@ -291,6 +330,7 @@ class Plan:
 
     scores: list[torch.Tensor]
     build: Callable[[list[torch.Tensor], float | None, list[int]], PruneResult]
+    sized: list[str] = field(default_factory=list)  # modules whose block or split sizes were followed
 
 
 def _family_plan(model: nn.Module, importance: Importance) -> Plan:
@@ -314,14 +354,19 @@ def _family_plan(model: nn.Module, importance: Importance) -> Plan:
     return Plan(scores, build)
 
 
-def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_whole=()) -> Plan:
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_whole=(),
+                 follow_sizes: bool = False) -> Plan:
     """Any network: trace its channel graph once, score the free channels of each prunable
     group; ``build`` puts the pinned channels back, evens out the equal-count blocks (grouped
     convolutions, chunks) and cuts a copy along the graph."""
     if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
                             "slimming scores channels by their BatchNorm scale factors)")
-    graph = trace(model, example, ignore, keep_whole)
+    graph = trace(model, example, ignore, keep_whole, follow_sizes)
     everything = graph.groups()
     groups = [g for g in everything if g.prunable]
     if not groups:
@@ -350,7 +395,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
                            [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths)
 
-    return Plan([s[g.free()] for g, s in zip(groups, scores)], build)
+    return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
 
 
 def nothing_to_cut(model: nn.Module, groups: list[Group]) -> str:

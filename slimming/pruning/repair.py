@@ -132,8 +132,9 @@ def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor) -> tuple[torc
     if isinstance(layer, nn.Conv2d):
         part = nn.functional.conv2d(x[:, cut], w, None, layer.stride, layer.padding, layer.dilation)
         part = part.mean((2, 3))
-    else:
-        part = x[:, cut] @ w.T
+    else:  # a linear layer, on (N, features) or on tokens (N, L, features)
+        part = x[..., cut] @ w.T
+        part = part.flatten(1, -2).mean(1) if part.dim() > 2 else part
     part = part.float()
     a = part[0]
     return a, bool(torch.allclose(part, a.expand_as(part), rtol=1e-4, atol=1e-5 * (1 + float(a.abs().max()))))

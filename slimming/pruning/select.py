@@ -12,6 +12,8 @@ from torch import nn
 from ..errors import SlimmingError
 from ..utils.modules import unwrap
 
+SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity training"
+
 
 def scaled_prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
     """``prunable_bns(model)``, each with a scale to rank channels by; SlimmingError if there is
@@ -117,8 +119,11 @@ def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], co
     counts scatter around it, and the most any keeps would keep nearly everything; the total
     never falls (the threshold decided how many go, the groups decide where from). Then, where
     constraints share channels, blocks that keep fewer get their best channels back until each
-    keeps as many as the one that keeps most. A grouped convolution stays one with equal groups,
-    the chunks of a tensor stay the chunks of the pruned tensor."""
+    keeps as many as the one that keeps most. The groups of a GroupNorm ("whole") keep as
+    many whole groups as the channels kept in them fill, rounded up, those of the best mean
+    score; then any group with a channel kept by another constraint is kept whole. A grouped
+    convolution stays one with equal groups, the chunks of a tensor stay the chunks of the
+    pruned tensor, a GroupNorm keeps whole groups."""
     if not constraints:
         return
     start, offset = {}, 0
@@ -134,13 +139,24 @@ def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], co
         new.scatter_(1, torch.argsort(by, dim=1, descending=True, stable=True)[:, :k], True)
         keep[idx] = new
 
-    for (kind, _), idx in zip(constraints, index):
+    whole = [idx for (kind, _), idx in zip(constraints, index) if kind == "whole"]
+    equal = [(kind, idx) for (kind, _), idx in zip(constraints, index) if kind != "whole"]
+    for idx in whole:  # as many whole blocks as the channels kept fill (rounded up), the best
+        forced = torch.isinf(rank[idx]).any(1)
+        count = max(1, int(forced.sum()), -(-int(keep[idx].sum()) // idx.shape[1]))
+        order = torch.argsort(torch.where(forced, torch.inf, rank[idx].mean(1)), descending=True, stable=True)
+        chosen = torch.zeros(len(idx), dtype=torch.bool)
+        chosen[order[:count]] = True
+        keep[idx] = chosen[:, None].expand_as(idx)
+    for kind, idx in equal:
         counts = keep[idx].sum(1)
         fixed = int(torch.isinf(rank[idx]).sum(1).max())
         share = int(counts.max()) if kind == "chunk" else -(-int(counts.sum()) // len(idx))
         keep_best(idx, max(1, fixed, share), rank[idx] + keep[idx] * (kind == "chunk") * 1e30)
     for _ in range(100):
-        short = [idx for idx in index if bool((keep[idx].sum(1) < keep[idx].sum(1).max()).any())]
+        for idx in whole:  # a block with one channel kept keeps them all
+            keep[idx] = keep[idx].any(1, keepdim=True).expand_as(idx)
+        short = [idx for _, idx in equal if bool((keep[idx].sum(1) < keep[idx].sum(1).max()).any())]
         if not short:
             break
         for idx in short:  # what each block keeps now first, then its best

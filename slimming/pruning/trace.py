@@ -50,6 +50,7 @@ from .ops import (
     PRODUCT_OPS,
     REDUCE_OPS,
     RESHAPE_OPS,
+    SPATIAL_OPS,
     SPLIT_OPS,
     SUM_OPS,
     VALUE_OPS,
@@ -110,14 +111,19 @@ def as_inputs(example_inputs) -> tuple:
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
 
 
-def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=()) -> ChannelGraph:
+def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
+          follow_sizes: bool = True) -> ChannelGraph:
     """Run ``model`` (left unchanged, every module's train/eval flag restored) on
     ``example_inputs`` (a tensor (N, C, ...), or a tuple of the forward's inputs) in eval mode
     and build its channel graph. ``ignore``: modules whose own channels are kept (what they
     make, and their inner widths), while the channels they read are cut where their producers
     are; ``keep_whole``: modules kept whole, the channels they read too. Each by name (a name
-    keeps what is inside it too) or by type (``ignored_names``). GraphError (one line) for a
-    model that does not run on the example."""
+    keeps what is inside it too) or by type (``ignored_names``). ``follow_sizes``: follow the
+    reshapes that split channels into blocks (attention heads) and the splits by sizes a module
+    keeps in integer attributes (queries, keys and values); the pruned forward then reads
+    widths the cut must set (``surgery.update_widths``), which only the check can vouch for, so
+    False keeps those channels. GraphError (one line) for a model that does not run on the
+    example."""
     inputs = as_inputs(example_inputs)
     images = [t for t in inputs if isinstance(t, torch.Tensor)]
     if not images or any(t.dim() < 2 for t in images):
@@ -125,12 +131,12 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=()) -> Channel
         raise GraphError(f"the model's inputs are {shapes or 'no tensors'}: slimming needs tensors "
                          "with a channel dimension (N, C, ...)")
     keep, whole = ignored_names(model, ignore), ignored_names(model, keep_whole)
-    walk = _Walk(model, keep | whole, whole)
+    walk = _Walk(model, keep | whole, whole, follow_sizes=follow_sizes)
     with modes_kept(model):
         walk.run(inputs, training=False)
         if walk.unseen():
             try:
-                second = _Walk(model, keep | whole, whole, walk)
+                second = _Walk(model, keep | whole, whole, walk, follow_sizes)
                 second.run(tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t
                                  for t in inputs), training=True)
                 walk = second
@@ -144,8 +150,10 @@ class _Walk(ChannelOps):
     """The channel maps of the forward's tensors, and the graph they build. ``after``: a walk
     whose eval-mode forward this one continues in training mode (the same graph)."""
 
-    def __init__(self, model: nn.Module, ignore: set[str], whole: set[str], after: _Walk | None = None):
+    def __init__(self, model: nn.Module, ignore: set[str], whole: set[str], after: _Walk | None = None,
+                 follow_sizes: bool = True):
         self.model, self.ignore, self.keep_whole = model, ignore, whole
+        self.follow_sizes = follow_sizes
         self.modules = dict(model.named_modules())
         self.g = ChannelGraph(model) if after is None else after.g.copy()
         self.maps: dict[int, tuple[torch.Tensor, Map]] = {}  # id -> (tensor kept alive, map)
@@ -227,6 +235,12 @@ class _Walk(ChannelOps):
     def set(self, t: torch.Tensor, m: Map | None) -> None:
         if not isinstance(t, torch.Tensor):
             return
+        if m is not None and (m.dim >= t.dim() or t.shape[m.dim] != m.channels * m.factor):
+            # a rule's map that does not fit its tensor: those channels are kept, and the
+            # tensor followed as channels of its own (never a cut on a guess)
+            self.g.pin(m, f"{self.where()}: channels the trace lost track of")
+            m = Map([Seg(self.g.new_space(t.shape[1], "lost track"), 0, t.shape[1], False)]) \
+                if t.dim() >= 2 else None
         ptr = _memory(t)
         if m is None:
             if self.maps.pop(id(t), None) is not None and ptr:
@@ -238,12 +252,13 @@ class _Walk(ChannelOps):
             if self.stack:
                 self.g.frames.setdefault(self.stack[-1], []).append(m)
 
-    def fresh(self, t: torch.Tensor, why: str) -> None:
-        """``t`` gets channels of its own, kept whole (None for a tensor without channels): what
-        the trace cannot map channel by channel is still followed, so that the layers after it
-        are known and cut."""
+    def fresh(self, t: torch.Tensor, why: str, dim: int = 1) -> None:
+        """``t`` gets channels of its own along ``dim``, kept whole (None for a tensor without
+        channels): what the trace cannot map channel by channel is still followed, so that the
+        layers after it are known and cut."""
         if isinstance(t, torch.Tensor):
-            self.set(t, Map([Seg(self.g.new_space(t.shape[1], why), 0, t.shape[1], False)])
+            dim = dim if 0 < dim < t.dim() else 1
+            self.set(t, Map([Seg(self.g.new_space(t.shape[dim], why), 0, t.shape[dim], False)], dim=dim)
                      if t.dim() >= 2 else None)
 
     def where(self) -> str:
@@ -254,13 +269,25 @@ class _Walk(ChannelOps):
         if m is not None:
             self.g.pin(m, why)
 
+    def sized(self, sizes: list[int]) -> bool:
+        """Whether every size is an integer attribute of the module whose forward is running (so
+        that the cut can set it), when sizes are followed at all."""
+        if not self.follow_sizes or not self.stack:
+            return False
+        held = {v for v in vars(self.modules[self.stack[-1]]).values() if type(v) is int}
+        return set(sizes) <= held
+
     def in_ignored(self) -> bool:
         return any(name in self.ignore for name in self.stack)
 
-    def opaque(self, op: str, what: str, inputs: list[Map], out) -> None:
+    def opaque(self, op: str, what: str, inputs: list[Map], out, dim: int | None = None) -> None:
         """An op the graph cannot follow channel by channel: every channel it reads is kept
-        (its outputs are then what they were), and each output gets channels of its own, kept
-        whole. Recorded for the warning that ``finish`` gives."""
+        (its outputs are then what they were), and each output gets channels of its own (along
+        ``dim``; by default where its inputs have theirs), kept whole. Recorded for the warning
+        that ``finish`` gives."""
+        if dim is None:
+            dims = {m.dim for m in inputs}
+            dim = dims.pop() if len(dims) == 1 else 1
         where = self.where()
         why = f"{where}: {op} ({what})"
         for m in inputs:
@@ -268,7 +295,7 @@ class _Walk(ChannelOps):
         kind = type(self.modules.get(where, self.model)).__name__
         self.g.kept.append(Kept(kind, where, op, what, list(inputs)))
         for t in tensors(out):
-            self.fresh(t, why)
+            self.fresh(t, why, dim)
 
     # ------------------------------------------------------------------ modules
 
@@ -317,7 +344,7 @@ class _Walk(ChannelOps):
         if x is None:
             return self.fresh(out, f"{name}: made from untracked inputs") if isinstance(out, torch.Tensor) \
                 else None
-        if not isinstance(out, torch.Tensor) or out.dim() < 2 or x.factor != 1:
+        if not isinstance(out, torch.Tensor) or out.dim() < 2 or x.factor != 1 or x.dim != 1:
             return self.opaque(type(m).__name__, "a layer followed whole whose output is not (N, C, ...)",
                                [x], out)
         attrs = {role: role for tensors_ in (rule.reads, rule.makes, rule.carries) for role in tensors_
@@ -408,10 +435,10 @@ class _Walk(ChannelOps):
     def rule_extremum(self, op, func, args, kwargs, out, inputs) -> None:
         if len(args) > 1 and isinstance(args[1], torch.Tensor):
             return self.combine("maximum", args, out, inputs)  # element-wise, of two tensors
-        self.reduce(op, out, inputs)
+        self.reduce(op, args, kwargs, out, inputs)
 
     def rule_reduce(self, op, func, args, kwargs, out, inputs) -> None:
-        self.reduce(op, out, inputs)
+        self.reduce(op, args, kwargs, out, inputs)
 
     def rule_split(self, op, func, args, kwargs, out, inputs) -> None:
         self.split(op, args, kwargs, out, inputs)
@@ -428,19 +455,42 @@ class _Walk(ChannelOps):
             self.g.pin(m, f"{self.where()}: its values are read by {op}")
 
     def rule_norm(self, op, func, args, kwargs, out, inputs) -> None:
-        # Kept, not followed: a GroupNorm or LayerNorm over the channels normalises each channel
-        # by statistics of the others (its group, or all), so cutting one changes what the rest
-        # become, whatever BatchNorm gammas say; exact cuts there need the norm's own scale
-        # factors as the score, and whole groups cut together.
+        # Kept, not followed: a LayerNorm (or RMSNorm) over the channels normalises each channel
+        # by statistics of all the others, so cutting one changes what the rest become, whatever
+        # BatchNorm gammas say (GroupNorm, by whole groups, is followed: rule_group_norm)
+        x_t, x = inputs[0]
+        same = isinstance(out, torch.Tensor) and out.shape == x_t.shape
         self.opaque(op, "a normalisation over the channels: cutting one changes the others",
-                    [m for _, m in inputs], out)
+                    [m for _, m in inputs], out, x.dim if same else 1)
+
+    def rule_group_norm(self, op, func, args, kwargs, out, inputs) -> None:
+        """GroupNorm normalises each group of channels on its own: it carries the channels, cut
+        by whole groups (the others' statistics stay as they were); a group of zeros stays zero
+        unless its bias moves it."""
+        x_t, x = inputs[0]
+        given, name, attrs = self.owned(args, kwargs, (("weight", 2), ("bias", 3)))
+        groups = arg(args, kwargs, 1, "num_groups")
+        if x.factor != 1 or x.dim != 1 or len(inputs) > 1 or (given and attrs is None) \
+                or not isinstance(groups, int) or x.channels % groups:
+            return self.opaque(op, "a GroupNorm of other than one module's channels",
+                               [m for _, m in inputs], out)
+        if self.stack:
+            self.seen.add(self.stack[-1])
+            if name is None and not given and isinstance(self.modules[self.stack[-1]], nn.GroupNorm):
+                name, attrs = self.stack[-1], {}  # affine=False: its num_groups still follows
+        self.g.whole_blocks(x, groups)
+        bias = given.get("bias")
+        if name is not None:
+            self.again(name, x)
+            self.g.uses.append(Use(name, "group_norm", x, attrs))
+        self.set(out, x.with_gate(None if bias is None or not bool(bias.ne(0).any()) else False))
 
     def rule_instance_norm(self, op, func, args, kwargs, out, inputs) -> None:
         """InstanceNorm normalises every channel on its own: it carries the channels (its affine
         tensors, if any, cut with them); a zero stays zero unless its bias moves it."""
         x_t, x = inputs[0]
         given, name, attrs = self.owned(args, kwargs, NORM_ROLES)
-        if x.factor != 1 or len(inputs) > 1 or (given and attrs is None):
+        if x.factor != 1 or x.dim != 1 or len(inputs) > 1 or (given and attrs is None):
             return self.opaque(op, "an InstanceNorm of other than one module's channels",
                                [m for _, m in inputs], out)
         bias = given.get("bias")
@@ -453,7 +503,9 @@ class _Walk(ChannelOps):
 
     def rule_elementwise(self, op, func, args, kwargs, out, inputs) -> None:
         x_t, x = inputs[0]
-        same = isinstance(out, torch.Tensor) and out.shape[:2] == x_t.shape[:2]
+        d = x.dim
+        same = isinstance(out, torch.Tensor) and out.dim() == x_t.dim() and out.shape[0] == x_t.shape[0] \
+            and out.shape[d] == x_t.shape[d] and (d == 1 or op not in SPATIAL_OPS)
         if len(inputs) > 1 or not same:
             return self.opaque(op, "an op of several tensors" if len(inputs) > 1 else "a change of shape",
                                [m for _, m in inputs], out)
@@ -475,6 +527,12 @@ class _Walk(ChannelOps):
         if attrs is None or not given:
             return self.opaque(op, "a layer whose tensors are not one module's parameters", [x], out)
         ignored = name in self.ignore or self.in_ignored()
+        if op == "linear":  # reads the last dim: (N, features), or tokens (N, L, C), channels-last
+            if x.dim != x_t.dim() - 1 or (x.factor != 1 and x_t.dim() != 2):
+                return self.opaque(op, "a linear layer over other than its input's channels", [x], out)
+            return self.produce(name, "linear", x, out.shape[-1], ignored, out, attrs, dim=out.dim() - 1)
+        if x.dim != 1:
+            return self.opaque(op, "a convolution or BatchNorm of channels-last channels", [x], out)
         if op == "batch_norm":
             if x.factor != 1 or not isinstance(out, torch.Tensor) or out.dim() < 2:
                 return self.opaque(op, "a BatchNorm of flattened channels", [x], out)
@@ -483,10 +541,6 @@ class _Walk(ChannelOps):
             self.again(name, x)
             self.g.uses.append(Use(name, "bn", x, attrs))
             return self.set(out, x.with_gate("weight" in attrs))
-        if op == "linear":
-            if out.dim() != 2:
-                return self.opaque(op, "a linear layer on more than (N, features)", [x], out)
-            return self.produce(name, "linear", x, out.shape[1], ignored, out, attrs)
         if x.factor != 1:
             return self.opaque(op, "a convolution of a flattened tensor", [x], out)
         groups = arg(args, kwargs, 6, "groups", 1)
@@ -551,7 +605,7 @@ class _Walk(ChannelOps):
         return first[0]
 
     def produce(self, name: str, kind: str, x: Map, width: int, ignored: bool, out, attrs,
-                groups: int = 1) -> int:
+                groups: int = 1, dim: int = 1) -> int:
         """A layer reading ``x`` and making ``width`` channels of a space of its own (kept whole
         when ``ignored``; the channels it reads too, inside a module in ``keep_whole``)."""
         why = f"{name} is in ignore" if ignored else ""
@@ -563,7 +617,7 @@ class _Walk(ChannelOps):
             self.made[name] = (space, x)
             self.g.uses.append(Use(name, f"{kind}_out", Map([Seg(space, 0, width, False)]), attrs, groups))
         self.g.uses.append(Use(name, f"{kind}_in", x, attrs, groups))
-        self.set(out, Map([Seg(space, 0, width, False)]))
+        self.set(out, Map([Seg(space, 0, width, False)], dim=dim))
         return space
 
 
@@ -575,6 +629,7 @@ def _dispatch() -> dict[str, str]:
                       ({"max", "min"}, "rule_extremum"), (RESHAPE_OPS, "rule_reshape"),
                       (SUM_OPS | PRODUCT_OPS | {"div"}, "rule_combine"), (NORM_OPS, "rule_norm"),
                       ({"prelu"}, "rule_prelu"), ({"instance_norm"}, "rule_instance_norm"),
+                      ({"group_norm"}, "rule_group_norm"),
                       ({n[3:] for n in dir(ChannelOps) if n.startswith("op_")}, "rule_method"),
                       (LAYERS, "rule_layer"), (CONSTANT_OPS, "rule_constant")):
         table.update(dict.fromkeys(ops, rule))

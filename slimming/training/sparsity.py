@@ -20,9 +20,8 @@ from torch import nn
 
 from ..errors import SlimmingError
 from ..pruning.graph import ignored_names
-from ..pruning.select import prunable_bns
+from ..pruning.select import SPARSE_BOUND, prunable_bns
 
-SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity training"
 
 def add_l1_subgradient(params: list[torch.Tensor], strength: float) -> None:
     """``p.grad += strength * sign(p)`` for every p in ``params`` that has a gradient.
