@@ -249,7 +249,9 @@ def cell(row: dict, who: str) -> str:
         if who == "ours" and why.startswith("not built"):
             return why
         if who == "ours":  # slimming's refusals are one line: say what it named
-            for known in ("no BatchNorm", "can be cut", "refused its own cut"):
+            if "no BatchNorm" in why:
+                return "refused: no BatchNorm"
+            for known in ("can be cut", "refused its own cut"):
                 if known in why:
                     return "refused: " + why.split(": ", 1)[-1][:90]
         return ("did not finish in 60 s" if "did not finish" in why else "error: " + why.split(":")[0])
