@@ -66,8 +66,9 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
     inputs = probe_like(example)
     pruned = result.model
     with modes_kept(original), modes_kept(pruned), zeroed(original, result.masks):
-        original.eval()
-        pruned.eval()
+        for model in (original, pruned):
+            if any(m.training for m in model.modules()):
+                model.eval()
         want = leaves(original(*inputs))
         try:
             try:

@@ -45,4 +45,5 @@ def modes_kept(model: nn.Module):
         yield model
     finally:
         for m, training in flags:
-            m.training = training
+            if m.training != training:  # Module.__setattr__ is slow: a check runs this per module
+                m.training = training
