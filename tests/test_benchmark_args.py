@@ -1,11 +1,16 @@
 """The scripts in benchmarks/ keep the commands' promise for bad arguments: one line on stderr,
 exit code 2, no traceback, nothing written (an output that is a file where a folder belongs, a
-pack path that is a folder, a count of 0, a checkpoint that is not there)."""
+pack path that is a folder, a count of 0, a checkpoint that is not there). Each runs as
+``__main__`` in this process: an argument error comes before any work, so the promise is the
+same as a fresh interpreter's."""
 
-import os
-import subprocess
+import runpy
+import signal
 import sys
+import warnings
 from pathlib import Path
+
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -27,18 +32,40 @@ def cases(f: Path, d: Path) -> dict[str, list[str]]:
     }
 
 
-def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
+def run_script(path: Path, argv: list[str], capsys) -> tuple[int, str]:
+    """``python path *argv``, in this process (the suite pays for one torch import, not eleven):
+    its exit code and stderr; the interpreter's state it may touch is put back."""
+    saved = (sys.argv, list(sys.path), torch.get_num_threads(), warnings.filters[:],
+             {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)},
+             set(sys.modules))
+    sys.argv, sys.path[:0] = [str(path), *argv], [str(path.parent), str(BENCH)]
+    code = 0
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        torch.set_num_threads(saved[2])
+        warnings.filters[:] = saved[3]
+        for s, handler in saved[4].items():
+            signal.signal(s, handler)
+        for name in set(sys.modules) - saved[5]:  # the scripts' own helpers (common, ...)
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(BENCH)):
+                del sys.modules[name]
+    return code, capsys.readouterr().err
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     f, d = tmp_path / "a-file", tmp_path / "a-folder"
     f.write_text("keep me")
     d.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
-    procs = {name: subprocess.Popen([sys.executable, str(BENCH / name), *argv], cwd=tmp_path, env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, argv in cases(f, d).items()}
-    for name, proc in procs.items():
-        out, err = proc.communicate(timeout=300)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for name, argv in cases(f, d).items():
+        code, err = run_script(BENCH / name, argv, capsys)
         lines = err.strip().splitlines()
-        assert proc.returncode == 2, (name, err[-1500:])
+        assert code == 2, (name, err[-1500:])
         assert len(lines) == 1 and "Traceback" not in err, (name, err[-1500:])
     assert f.read_text() == "keep me" and not list(d.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder"]
