@@ -302,3 +302,24 @@ def test_prune_warns_of_the_guard_and_of_a_model_without_sparsity(tmp_path, caps
     code, _, err = run(capsys, "prune", "--checkpoint", tmp_path / "sparse.pth", "--percent", "0.5",
                        "--save", tmp_path / "q", "--cpu")
     assert code == 0 and err == "", err  # nothing to warn about
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["prune", "--precent", "0.5", "--checkpoint", "x.pth"],
+     "unrecognized argument --precent; did you mean --percent?"),
+    (["train", "--epoch", "3"], "unrecognized argument --epoch; did you mean --epochs?"),  # no prefix match
+    (["train", "--epoch=3"], "unrecognized argument --epoch; did you mean --epochs?"),
+    (["prnue", "--percent", "0.5"], "unknown command prnue; did you mean prune?"),
+    (["prune", "--zzzz"], "unrecognized argument --zzzz (see"),
+])
+def test_a_typo_is_named_with_the_nearest_flag(capsys, argv, needle):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and needle in err, err
+
+
+def test_prune_prints_what_percent_counts(sparse_run, tmp_path, capsys):
+    code, out, _ = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5",
+                       "--save", tmp_path / "p", "--cpu")
+    line = next(x for x in out.splitlines() if x.startswith("ranked "))
+    ranked = int(line.split()[1])
+    assert code == 0 and f": {ranked // 2} cut (" in line and f"--percent 0.5 asked {ranked // 2})" in line

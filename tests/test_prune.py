@@ -217,3 +217,23 @@ def test_prune_warns_as_the_command_line_does_of_a_model_without_sparsity():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         prune(model, percent=0.5)
+
+
+@pytest.mark.parametrize("percent", [0.1, 0.3, 0.5, 0.7])
+def test_percent_cuts_exactly_its_share_of_the_ranked_channels(percent):
+    """What ``percent`` counts: each channel that layers share once (a ResNet's residual stream
+    is one channel for its five BatchNorms). floor(percent * ranked) of them go, whatever share
+    of the BatchNorm layers' channels that makes, and the result says both, as the CLI prints."""
+    import torchvision
+
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    randomize_bn(model, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.weight[: m.num_features // 2] = 1e-4  # sparsity-trained: no warning about it
+    result = prune(model, percent=percent, example_inputs=torch.zeros(1, 3, 32, 32), compensate=False)
+    ranked, cut = result.ranked
+    assert cut == math.floor(percent * ranked + 1e-9)  # as select counts (0.7 * 2880 is 2016)
+    table = result.layer_table()
+    assert ranked < sum(b for _, b, _ in table)  # shared channels counted once

@@ -7,6 +7,7 @@ was trained on), ``slimming.tools`` (``prune_checkpoint``, sweep, export, report
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import torch
@@ -173,6 +174,12 @@ def cmd_prune(args) -> None:
     thr = "none" if result.threshold is None else f"{result.threshold:.4g}"
     print(f"channels {before} -> {after} ({100 * (before - after) / before:.1f}% removed; "
           f"|gamma| threshold {thr})")
+    if result.ranked is not None:  # what --percent counts, which the line above does not
+        ranked, cut = result.ranked
+        asked = f"; --percent {args.percent:g} asked {math.floor(args.percent * ranked + 1e-9)}" \
+            if args.percent is not None else ""
+        print(f"ranked {ranked} channels (one per channel that layers share; kept ones not ranked): "
+              f"{cut} cut ({100 * cut / max(ranked, 1):.1f}%{asked})")
     print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
     if result.budget:
         b = result.budget

@@ -8,6 +8,7 @@ device), each with its default."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import re
 import sys
@@ -41,6 +42,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", HelpFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # --epoch is a typo, not --epochs
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # one line, not usage + error
@@ -451,6 +453,28 @@ def read_config(path: str) -> dict:
     return config
 
 
+def check_spelling(parser: Parser, argv: list[str]) -> None:
+    """A command or flag the parser does not know is an error naming it, with the nearest one
+    it knows, before argparse would speak of something else (a required flag the typo left out:
+    ``--precent 0.5`` is "--percent or --threshold required" to argparse)."""
+    if not argv or argv[0].startswith("-"):
+        return
+    if argv[0] not in parser.commands:
+        near = difflib.get_close_matches(argv[0], list(parser.commands), 1, 0.6)
+        if near:
+            parser.error(f"unknown command {clip(argv[0])}; did you mean {near[0]}?")
+        return
+    sub = parser.commands[argv[0]]
+    known = [flag for flag in sub._option_string_actions if flag.startswith("--")]
+    for token in argv[1:]:
+        if token == "--":
+            break
+        flag = token.split("=", 1)[0]
+        if token.startswith("--") and flag not in known:
+            near = difflib.get_close_matches(flag, known, 1, 0.6)
+            sub.error(f"unrecognized argument {clip(flag)}" + (f"; did you mean {near[0]}?" if near else ""))
+
+
 def apply_config(parser: Parser, argv: list[str]) -> None:
     """``--config FILE.yaml``: its keys become the subcommand's defaults (``set_defaults``, as
     timm does), so flags given on the command line override them. A key is a flag's name
@@ -556,6 +580,7 @@ def in_flags(e: NamesParameters) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    check_spelling(parser, argv)
     apply_config(parser, argv)
     args = parser.parse_args(argv)
     check_args(Parser(prog=f"slimming {args.command}", add_help=False), args)  # errors name the command

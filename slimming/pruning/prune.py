@@ -142,6 +142,10 @@ class PruneResult:
     verified: float | None = None  # the check's largest relative difference (None: not checked)
     widths: list = field(default_factory=list)  # (module, attribute, old, new, sure) integer widths set
     budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
+    # (channels the rule ranks, of them cut): a channel that layers share (a residual stream,
+    # a concatenation's reader) counts once; channels the graph keeps (pinned) are not ranked.
+    # ``percent`` asks floor(percent * ranked); the limits (min_channels, equal groups) may keep more
+    ranked: tuple[int, int] | None = None
 
     def __post_init__(self):
         if not self.masks:
@@ -237,9 +241,9 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         # attention heads and splits by sizes held in attributes are followed where the check
         # can vouch for the widths the cut sets; without it (or where it fails) they are kept
         result = attempt(traced and verify)
-        note = little_sparsity(model, result)
-        if note:
-            warnings.warn(note, stacklevel=2)
+        for note in (little_sparsity(model, result), nearly_emptied(result)):
+            if note:
+                warnings.warn(note, stacklevel=2)
         if compensate:
             result.compensation = repair.compensate(model, result, example)
     return result
@@ -264,6 +268,18 @@ def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
             f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, so this cuts "
             "channels that still matter; sparsity training comes first (slimming.BNSparsity, or "
             "slimming train --sparsity 1e-4)")
+
+
+def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> str | None:
+    """What to say when the cut leaves a wide layer (``wide`` channels or more) under ``share``
+    of its channels: the network may be near chance right after the cut."""
+    thin = [(n, b, a) for n, b, a in result.layer_table() if b >= wide and a < share * b]
+    if not thin:
+        return None
+    n, b, a = min(thin, key=lambda t: t[2] / t[1])
+    return (f"{len(thin)} BatchNorm layer(s) keep under {share:.0%} of their channels ({n} keeps {a} of "
+            f"{b}): the network may be near chance until it is fine-tuned; max_layer_prune "
+            "(--max-layer-prune) caps what one layer loses")
 
 
 def _checked(model: nn.Module, result: PruneResult, example) -> float:
@@ -349,7 +365,8 @@ def _family_plan(model: nn.Module, importance: Importance) -> Plan:
         layers = SURGERY[models.family(model.arch).surgery](model, new, cfg_mask)
         new.train(model.training)
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
-                           [names[id(prunable[i])] for i in guarded], layers=layers)
+                           [names[id(prunable[i])] for i in guarded], layers=layers,
+                           ranked=(sum(len(m) for m in masks), sum(int((~m).sum()) for m in masks)))
 
     return Plan(scores, build)
 
@@ -392,8 +409,11 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         new.cfg = cfg
         layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
                   if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
+        ranked = (sum(int(g.free().sum()) for g in groups),
+                  sum(int((~roots[graph.find(g.spaces[0])][g.free()]).sum()) for g in groups))
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
-                           [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths)
+                           [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths,
+                           ranked=ranked)
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
 

@@ -250,6 +250,12 @@ class Trainer:
                 skipped = f"  amp skipped {train['skipped']}" if self.scaler.is_enabled() else ""
                 log(f"epoch {epoch + 1}/{epochs}  lr {lr:.4g}  train loss {train['loss']:.4f}  "
                     f"test loss {test['loss']:.4f}  test acc {test['acc']:.2f}%  "
-                    f"|gamma|<{bound:g} {100 * row['gamma_lt_1e-2']:.1f}%{skipped}  "
+                    f"|gamma|<{_short(bound)} {100 * row['gamma_lt_1e-2']:.1f}%{skipped}  "
                     f"{row['seconds']:.1f}s")
         return {**row, "best_acc": best_acc}
+
+
+def _short(x: float) -> str:
+    """1e-2 as the README and the flags write it, not 0.01 (0.015 stays 0.015)."""
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}" if float(f"{mantissa}e{exponent}") == x else f"{x:g}"
