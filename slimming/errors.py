@@ -70,3 +70,23 @@ def clip(value, limit: int = 80) -> str:
     ``limit`` characters, so that a 1 MB name or a forged escape sequence stays one short line."""
     text = value if isinstance(value, str) and value.isprintable() else ascii(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def number(value, param: str, *, integer: bool = False, low: float | None = None,
+           low_ok: bool = True, high: float | None = None, high_ok: bool = False):
+    """``value`` if it is a finite real number (an int where ``integer``) in the range given;
+    else a SlimmingError naming ``param``. A bool, a string ("0.5"), NaN and inf are refused."""
+    import math
+    import numbers
+
+    kind = numbers.Integral if integer else numbers.Real
+    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (low is None or value > low or (low_ok and value == low))
+    ok = ok and (high is None or value < high or (high_ok and value == high))
+    if not ok:
+        where = (f" in {'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+                 if low is not None and high is not None
+                 else f" {'>=' if low_ok else '>'} {low:g}" if low is not None else "")
+        raise SlimmingError(f"{param} must be {'an integer' if integer else 'a number'}{where}, "
+                            f"got {clip(repr(value))}", param=param)
+    return value

@@ -237,3 +237,73 @@ def test_percent_cuts_exactly_its_share_of_the_ranked_channels(percent):
     assert cut == math.floor(percent * ranked + 1e-9)  # as select counts (0.7 * 2880 is 2016)
     table = result.layer_table()
     assert ranked < sum(b for _, b, _ in table)  # shared channels counted once
+
+
+class _Short:
+    """A criterion of the user's that gives too few scores."""
+
+    def __call__(self, model, group):
+        return torch.ones(max(group.size - 1, 0))
+
+
+BAD_PYTHON = [  # (keywords to prune, the parameter the error must name)
+    (dict(percent="0.5"), "percent"), (dict(percent=True), "percent"), (dict(percent=math.nan), "percent"),
+    (dict(percent=0.5, min_channels=1.5), "min_channels"), (dict(percent=0.5, round_to=0), "round_to"),
+    (dict(percent=0.5, max_layer_prune="1"), "max_layer_prune"), (dict(threshold=math.inf), "threshold"),
+    (dict(percent=0.5, importance=5), "importance"), (dict(percent=0.5, importance=_Short), "importance"),
+    (dict(percent=0.5, importance=_Short()), "importance"),
+    (dict(percent=0.5, importance=lambda m, g: torch.ones(g.size, 2)), "importance"),
+    (dict(percent=0.5, surgery="graph", ignore=5), "ignore"),
+    (dict(percent=0.5, surgery="graph", ignore=1.5), "ignore"), (dict(target_flops="0.5"), "target_flops"),
+    (dict(target_params=math.nan), "target_params"),
+]
+
+
+@pytest.mark.parametrize("surgery", ["auto", "graph"])
+@pytest.mark.parametrize("kwargs,param", BAD_PYTHON, ids=[f"{p}-{i}" for i, (_, p) in enumerate(BAD_PYTHON)])
+def test_odd_python_arguments_are_one_slimming_error_naming_the_parameter(kwargs, param, surgery):
+    from slimming.errors import SlimmingError
+
+    model = models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 16])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    kwargs = {"surgery": surgery, **kwargs}
+    with pytest.raises(SlimmingError) as e:
+        prune(model, **kwargs)
+    assert param in e.value.params and "\n" not in str(e.value)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("strength", [math.nan, math.inf, True, -1e-4, "1e-4"])
+def test_a_sparsity_strength_that_would_poison_training_is_refused(strength):
+    from slimming import BNSparsity
+    from slimming.errors import SlimmingError
+
+    with pytest.raises(SlimmingError) as e:
+        BNSparsity(models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 16]), strength=strength)
+    assert e.value.params == ("strength",)
+
+
+def test_ignore_none_is_nothing_ignored():
+    model = models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 16])
+    a = prune(model, percent=0.5, surgery="graph", ignore=None, compensate=False)
+    b = prune(model, percent=0.5, surgery="graph", compensate=False)
+    assert a.cfg == b.cfg
+
+
+def test_save_and_load_pruned_refuse_odd_arguments_in_one_line(tmp_path):
+    from slimming import load_pruned, save_pruned
+    from slimming.errors import SlimmingError
+
+    model = models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 16])
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    for call, param in [(lambda: save_pruned(model, tmp_path / "folder"), "path"),
+                        (lambda: save_pruned(model, tmp_path / "file" / "x.pth"), "path"),
+                        (lambda: save_pruned("vgg", tmp_path / "a.pth"), "model"),
+                        (lambda: load_pruned(bytes(tmp_path / "a.pth"), model), "path"),
+                        (lambda: load_pruned(tmp_path / "a.pth", "vgg"), "model")]:
+        with pytest.raises(SlimmingError) as e:
+            call()
+        assert e.value.params == (param,) and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]  # nothing written
+    assert (tmp_path / "file").read_text() == "x" and not list((tmp_path / "folder").iterdir())

@@ -6,12 +6,13 @@ file names no class and imports nothing: the code is yours, the file is only ten
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, load_error
+from ..errors import CheckpointError, SlimmingError, clip, load_error
 from ..models.external import resize_like
 from ..utils.modules import unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
@@ -24,9 +25,26 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     with a checksum, and its modules' integer attributes (the widths the cut set: a C2f block's
     ``c``, a GroupNorm's ``num_groups``); ``fields``: plain values to keep with it (the epoch,
     an accuracy)."""
-    model = unwrap(model)
+    model, path = _module(model), _path(path)
+    if path.is_dir():
+        raise SlimmingError(f"{path} is a folder: save_pruned writes a file (give its name)", param="path")
+    if any(p.exists() and not p.is_dir() for p in path.parents):
+        raise SlimmingError(f"{path}: a file stands where its folder would be", param="path")
     save_checked({"format": FORMAT, "version": VERSION, **fields, "widths": int_attributes(model),
                   "state_dict": model.state_dict()}, path)
+
+
+def _path(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes) or not str(path):
+        raise SlimmingError(f"path must be a file name (str or Path), not {clip(repr(path))}", param="path")
+    return Path(path)
+
+
+def _module(model) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise SlimmingError(f"model must be an nn.Module (a fresh instance of the pruned class), not "
+                            f"{type(model).__name__}", param="model")
+    return unwrap(model)
 
 
 def int_attributes(model: nn.Module) -> dict[str, int]:
@@ -56,6 +74,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     widths and weights saved in ``path``, in place; returned in eval mode. Every layer takes the
     width its weights have in the file, every integer attribute the value saved; anything else
     must match as built. CheckpointError (one line) for a file that is not one, or weights that do not fit."""
+    path, model = _path(path), _module(model)
     blob = read_file(path)  # bounded, weights_only
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a file written by slimming.save_pruned")
@@ -66,7 +85,6 @@ def load_pruned(path: str | os.PathLike, model: nn.Module) -> nn.Module:
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise CheckpointError(f"{path}: its state_dict holds something other than named tensors")
-    model = unwrap(model)
     with torch.no_grad():
         resize_like(model, state, str(path))
         _set_widths(model, blob.get("widths"), path)

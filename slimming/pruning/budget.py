@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import SlimmingError
+from ..errors import SlimmingError, number
 from ..measure.stats import count_flops, count_params
 from .select import select
 
@@ -24,6 +24,7 @@ _NAME = {"flops": "FLOPs", "params": "parameters"}  # in messages
 
 def parse_budget(value: float, full: int, what: str) -> float:
     """A budget as an absolute count: R in (0, 1) is a fraction of ``full``, R >= 1 a count."""
+    number(value, f"target_{what}")
     if not math.isfinite(value) or value <= 0:
         raise SlimmingError(f"target_{what} must be a fraction in (0, 1) or a count, got {value:g}",
                             param=f"target_{what}")

@@ -437,6 +437,11 @@ def ignored_names(model: nn.Module, ignore) -> set[str]:
     module type (``nn.Linear``, a detection head's class), and everything inside what it names
     (``"head"`` keeps ``head.cv1`` too). SlimmingError for a name no module has (a typo would
     keep nothing) or an entry that is neither."""
+    if ignore is None:
+        return set()
+    if not isinstance(ignore, (str, type, list, tuple, set, frozenset)):
+        raise SlimmingError(f"ignore takes module names and module types (one, or a list), not "
+                            f"{clip(repr(ignore))}", param="ignore")
     entries = (ignore,) if isinstance(ignore, (str, type)) else tuple(ignore)
     names = dict(model.named_modules())
     roots: set[str] = set()

@@ -199,7 +199,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     device, each module in the mode it had.
     """
     model = unwrap(model)
-    importance = get_importance(importance) if isinstance(importance, str) else importance or DEFAULT
+    importance = _criterion(importance)
     if surgery not in ("auto", "graph"):
         raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}", param="surgery")
     how = [percent is not None, threshold is not None, target_flops is not None,
@@ -247,6 +247,34 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         if compensate:
             result.compensation = repair.compensate(model, result, example)
     return result
+
+
+def _criterion(importance) -> Importance:
+    """``importance`` as a criterion: a registered name, an ``Importance`` (or any callable
+    ``(model, group) -> scores``); SlimmingError for a class not instantiated, or anything else."""
+    if importance is None:
+        return DEFAULT
+    if isinstance(importance, str):
+        return get_importance(importance)
+    if isinstance(importance, type):
+        raise SlimmingError(f"importance takes a criterion, not the class {importance.__name__}: pass "
+                            f"{importance.__name__}() or a name such as 'bn-max'", param="importance")
+    if not callable(importance):
+        raise SlimmingError(f"importance takes a name ('bn-max', 'bn-mean', ...) or an Importance, "
+                            f"not {type(importance).__name__}", param="importance")
+    return importance
+
+
+def _scores(importance, model: nn.Module, group: Group) -> torch.Tensor:
+    """The criterion's scores for ``group``, checked: one finite, non-negative number per channel."""
+    s = importance(model, group)
+    if not isinstance(s, torch.Tensor) or s.dim() != 1 or len(s) != group.size \
+            or s.is_complex():
+        got = f"a tensor of shape {tuple(s.shape)}" if isinstance(s, torch.Tensor) else type(s).__name__
+        raise SlimmingError(f"importance {importance!r} gave {got} for a group of {group.size} channels; "
+                            f"it must give one score per channel (a 1-D tensor of {group.size})",
+                            param="importance")
+    return s.detach().float().cpu()
 
 
 def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
@@ -354,7 +382,7 @@ def _family_plan(model: nn.Module, importance: Importance) -> Plan:
     prunable = scaled_prunable_bns(model)
     bns = _bn_names(model)
     names = {id(bn): name for name, bn in model.named_modules()}
-    scores = [importance(model, Group(bn.num_features, [], [(names[id(bn)], 0, 0, bn.num_features)]))
+    scores = [_scores(importance, model, Group(bn.num_features, [], [(names[id(bn)], 0, 0, bn.num_features)]))
               for bn in prunable]
 
     def build(masks, threshold, guarded) -> PruneResult:
@@ -388,7 +416,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
     groups = [g for g in everything if g.prunable]
     if not groups:
         raise GraphError(nothing_to_cut(model, everything))
-    scores = [importance(model, g).float().cpu() for g in groups]
+    scores = [_scores(importance, model, g) for g in groups]
     blocks = graph.blocks()
     bns = _bn_names(model)
 

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import SlimmingError
+from ..errors import SlimmingError, number
 from ..utils.modules import unwrap
 
 SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity training"
@@ -62,6 +62,11 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     """
     if (percent is None) == (threshold is None):
         raise SlimmingError("give exactly one of percent and threshold", param=("percent", "threshold"))
+    for value, name in ((percent, "percent"), (threshold, "threshold"), (max_layer_prune, "max_layer_prune")):
+        if value is not None:
+            number(value, name)  # a number at all ("0.5", True, nan are not): the ranges below
+    for value, name in ((min_channels, "min_channels"), (round_to, "round_to")):
+        number(value, name, integer=True, low=1)
     if percent is not None and not (0 <= percent < 1):
         raise SlimmingError(f"percent must be in [0, 1), got {percent}", param="percent")
     if threshold is not None and not (0 <= threshold < math.inf):

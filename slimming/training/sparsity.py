@@ -18,7 +18,7 @@ import math
 import torch
 from torch import nn
 
-from ..errors import SlimmingError
+from ..errors import SlimmingError, number
 from ..pruning.graph import ignored_names
 from ..pruning.select import SPARSE_BOUND, prunable_bns
 
@@ -42,8 +42,7 @@ class BNSparsity:
     detection head you will keep whole need not be made sparse)."""
 
     def __init__(self, model: nn.Module, strength: float, ignore=()):
-        if strength < 0:
-            raise SlimmingError(f"sparsity strength must be >= 0, got {strength}", param="strength")
+        number(strength, "strength", low=0)  # nan, inf and True would poison every step
         self.strength = strength
         skip = {id(m) for name, m in model.named_modules() if name in ignored_names(model, ignore)} \
             if ignore else set()
