@@ -108,3 +108,76 @@ def test_load_pruned_refuses_what_does_not_fit(tmp_path):
                tmp_path / "code.pth")
     with pytest.raises(CheckpointError, match="refused"):
         load_pruned(tmp_path / "code.pth", MyNet())
+
+
+class Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(self.bn(self.conv(x)).mean((2, 3)))
+
+
+def _hostile(state: dict, case: str) -> dict:
+    bn = ("bn.weight", "bn.bias", "bn.running_mean", "bn.running_var")
+    if case == "zero-element-weight-2**31-wide":
+        state["conv.weight"] = torch.empty(2 ** 31, 0, 3, 3)
+        state["conv.bias"] = torch.empty(0)
+    elif case == "batchnorm-wider-than-built":
+        state.update({k: torch.ones(16) for k in bn})
+    elif case == "zero-width-layer":
+        state.update({"conv.weight": torch.empty(0, 3, 3, 3), "conv.bias": torch.empty(0),
+                      "fc.weight": torch.empty(2, 0), **{k: torch.ones(0) for k in bn}})
+    elif case == "linear-that-does-not-fit":
+        state["fc.weight"] = torch.ones(2, 5)
+    return state
+
+
+@pytest.mark.parametrize("case", ["zero-element-weight-2**31-wide", "batchnorm-wider-than-built",
+                                  "zero-width-layer", "linear-that-does-not-fit", "checksum-removed"])
+def test_a_hostile_pruned_file_is_refused_before_the_instance_changes(tmp_path, case):
+    """A few-KB file cannot make load_pruned allocate gigabytes or hand back a network whose
+    widths do not fit; the caller's instance is left exactly as it was."""
+    from slimming.utils.safeload import save_checked
+
+    state = _hostile(Small().state_dict(), case)
+    blob = {"format": "slimming-pruned", "version": 1, "state_dict": state}
+    save_checked(blob, tmp_path / "h.pth")
+    if case == "checksum-removed":
+        blob = torch.load(tmp_path / "h.pth", weights_only=True)
+        del blob["checksum"]
+        torch.save(blob, tmp_path / "h.pth")
+    assert (tmp_path / "h.pth").stat().st_size < 64 * 1024
+    fresh = Small()
+    before = {k: v for k, v in fresh.state_dict(keep_vars=True).items()}
+    with pytest.raises(CheckpointError) as e:
+        load_pruned(tmp_path / "h.pth", fresh, torch.zeros(1, 3, 8, 8))
+    assert "\n" not in str(e.value)
+    after = fresh.state_dict(keep_vars=True)
+    assert after.keys() == before.keys() and all(after[k] is v for k, v in before.items())
+
+
+def test_an_instance_built_on_the_meta_device_is_loaded_not_left_empty(tmp_path):
+    model = Small()
+    save_pruned(model, tmp_path / "m.pth")
+    with torch.device("meta"):
+        fresh = Small()
+    loaded = load_pruned(tmp_path / "m.pth", fresh)
+    assert not any(t.is_meta for t in loaded.state_dict().values())
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model.eval()(x))
+
+
+def test_save_pruned_never_writes_a_file_load_pruned_refuses(tmp_path):
+    class Extra(Small):
+        def get_extra_state(self):
+            return {"note": "not a tensor"}
+
+        def set_extra_state(self, state):
+            pass
+
+    with pytest.raises(SlimmingError) as e:
+        save_pruned(Extra(), tmp_path / "x.pth")
+    assert e.value.params == ("model",) and not (tmp_path / "x.pth").exists()

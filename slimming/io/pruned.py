@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, SlimmingError, clip, load_error
+from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
 from ..models.external import resize_like
-from ..utils.modules import unwrap
+from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 
 FORMAT, VERSION = "slimming-pruned", 1
@@ -26,12 +26,17 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     ``c``, a GroupNorm's ``num_groups``); ``fields``: plain values to keep with it (the epoch,
     an accuracy)."""
     model, path = _module(model), _path(path)
+    state = model.state_dict()
+    odd = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
+    if odd:  # load_pruned reads named tensors only: never write a file it would refuse
+        raise SlimmingError(f"{type(model).__name__}'s state_dict holds {clip(odd[0])}, which is not a "
+                            "tensor (extra state): save_pruned writes tensors only", param="model")
     if path.is_dir():
         raise SlimmingError(f"{path} is a folder: save_pruned writes a file (give its name)", param="path")
     if any(p.exists() and not p.is_dir() for p in path.parents):
         raise SlimmingError(f"{path}: a file stands where its folder would be", param="path")
     save_checked({"format": FORMAT, "version": VERSION, **fields, "widths": int_attributes(model),
-                  "state_dict": model.state_dict()}, path)
+                  "state_dict": state}, path)
 
 
 def _path(path) -> Path:
@@ -69,28 +74,74 @@ def _set_widths(model: nn.Module, widths, path) -> None:
             setattr(m, attr, value)
 
 
-def load_pruned(path: str | os.PathLike, model: nn.Module) -> nn.Module:
+def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) -> nn.Module:
     """``model`` (a freshly built, unpruned instance of the class that was pruned) given the
     widths and weights saved in ``path``, in place; returned in eval mode. Every layer takes the
     width its weights have in the file, every integer attribute the value saved; anything else
-    must match as built. CheckpointError (one line) for a file that is not one, or weights that do not fit."""
+    must match as built. CheckpointError (one line) for a file that is not one, or weights that
+    do not fit, checked before anything is changed; a load that fails leaves ``model`` as it was.
+    An instance built on the meta device takes the file's tensors. ``example_inputs`` (default:
+    zeros of the model's ``input_size``, where it declares one): one forward checks that the
+    widths fit each other (a linear layer reading more channels than the layer before makes)."""
     path, model = _path(path), _module(model)
     blob = read_file(path)  # bounded, weights_only
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a file written by slimming.save_pruned")
     if blob.get("version") != VERSION:
         raise CheckpointError(f"{path}: a save_pruned file of version {blob.get('version')!r}, not {VERSION}")
+    if "checksum" not in blob:
+        raise CheckpointError(f"{path}: has no checksum, which save_pruned always writes: an edited or "
+                              "damaged file")
     verify_checksum(blob, path)
     state = blob.get("state_dict")
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise CheckpointError(f"{path}: its state_dict holds something other than named tensors")
-    with torch.no_grad():
+    _check_shapes(model, state, path)
+    meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    with torch.no_grad(), restored_on_error(model):
         resize_like(model, state, str(path))
         _set_widths(model, blob.get("widths"), path)
-        try:
-            model.load_state_dict(state, strict=True)
+        try:  # an instance built on the meta device takes the file's tensors themselves
+            model.load_state_dict(state, strict=True, assign=meta)
         except (RuntimeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{path}: its weights do not fit {type(model).__name__}: "
                                   f"{load_error(e)}") from None
+        _runs(model, example_inputs, path)
     return model.eval()
+
+
+def _runs(model: nn.Module, example_inputs, path) -> None:
+    """One forward on ``example_inputs`` (or zeros of the model's ``input_size``), in eval mode;
+    CheckpointError where the loaded widths do not fit each other."""
+    size = getattr(model, "input_size", None)
+    if example_inputs is None and not (isinstance(size, (list, tuple)) and all(type(n) is int for n in size)):
+        return
+    device = next((t.device for t in model.parameters()), torch.device("cpu"))
+    inputs = example_inputs if example_inputs is not None else torch.zeros(1, *size, device=device)
+    inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+    with modes_kept(model):
+        try:
+            model.eval()(*inputs)
+        except Exception as e:  # noqa: BLE001 (any failure of the forward is the file's widths)
+            raise CheckpointError(f"{path}: the loaded widths do not fit each other: the forward "
+                                  f"fails ({first_line(e, 160)})") from None
+
+
+def _check_shapes(model: nn.Module, state: dict, path) -> None:
+    """Before anything is changed: every tensor the file gives a module has that tensor's rank
+    and no dim wider than the instance built (a cut only narrows), and none is cut to zero where
+    the built one is not. So a small file cannot ask for gigabytes (a zero-element weight 2**31
+    wide), and a layer wider than the one before it, or emptied, is refused here, not at the
+    first forward."""
+    own = model.state_dict(keep_vars=True)
+    for key, t in state.items():
+        built = own.get(key)
+        if built is None:
+            continue  # strict loading names it
+        if t.dim() != built.dim() or any(a > b for a, b in zip(t.shape, built.shape)):
+            raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)[:6]}, wider than the "
+                                  f"{tuple(built.shape)} built: a cut only narrows")
+        if any(a == 0 < b for a, b in zip(t.shape, built.shape)):
+            raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)}: a layer cut to zero "
+                                  "channels")

@@ -37,6 +37,25 @@ def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: b
 
 
 @contextlib.contextmanager
+def restored_on_error(model: nn.Module):
+    """Every module's tensors (parameters, buffers) and integer attributes put back as they
+    were if the block raises: a load that fails halfway leaves the caller's instance intact."""
+    saved = [(m, dict(m._parameters), dict(m._buffers),
+              {k: v for k, v in vars(m).items() if type(v) is int}) for m in model.modules()]
+    try:
+        yield model
+    except BaseException:
+        for m, params, buffers, ints in saved:
+            m._parameters.clear()
+            m._parameters.update(params)
+            m._buffers.clear()
+            m._buffers.update(buffers)
+            for k, v in ints.items():
+                setattr(m, k, v)
+        raise
+
+
+@contextlib.contextmanager
 def modes_kept(model: nn.Module):
     """Every module's train/eval flag as it was when the block ends, whatever the block set
     (a BatchNorm frozen in eval inside a training model stays frozen)."""
