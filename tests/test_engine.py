@@ -132,3 +132,17 @@ def test_label_smoothing_reaches_the_loss():
     smoothed = torch.nn.functional.cross_entropy(out, y, label_smoothing=0.2)
     assert torch.allclose(loss, smoothed)
     assert not torch.allclose(loss, torch.nn.functional.cross_entropy(out, y))
+
+
+def test_a_long_epoch_prints_progress_lines_into_a_log(monkeypatch, capsys):
+    """With stdout a file, not a terminal, tqdm is silent: a plain line every PROGRESS_S."""
+    from slimming.training import engine
+
+    monkeypatch.setattr(engine, "PROGRESS_S", 0.0)  # every batch, for the test
+    model = models.build("vgg", cfg=[4, "M", 4, "M", 4, "M", 4, "M", 8])
+    opt = make_optimizer(model, lr=0.01)
+    trainer = Trainer(model, opt, make_scheduler(opt, 1), torch.device("cpu"))
+    batches = [(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))) for _ in range(3)]
+    trainer.train_one_epoch(batches)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("train: batch")]
+    assert [x.split()[2] for x in lines] == ["1/3", "2/3", "3/3"] and all("loss" in x for x in lines)

@@ -38,6 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..errors import CheckpointError, DataError, first_line
+from ..utils.files import human_bytes
 from ..utils.safeload import read_file, save_checked, verify_checksum
 from .images import MAX_PIXELS, check_image, list_images, read_image, shown
 from .recipes import make_transform
@@ -432,9 +433,10 @@ def decoded_images(listing: Listing, cache_dir, size: tuple[int, int] | None = N
     train_images, train_labels = _decode_all(listing.train, size)
     test_images, test_labels = _decode_all(listing.test, tuple(train_images.shape[2:]))
     # said after the fact: a bad image found half-way is then the only line the user sees
+    size = human_bytes(train_images.nbytes + test_images.nbytes)
     print(f"slimming: decoded {len(listing.train) + len(listing.test):,} images of "
-          f"{shown(listing.root)} in {time.perf_counter() - start:.1f} s, cached in {shown(path)}",
-          file=sys.stderr)
+          f"{shown(listing.root)} in {time.perf_counter() - start:.1f} s, cached in {shown(path)} "
+          f"({size}; delete it to free the space, the next run decodes again)", file=sys.stderr)
     blob = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "key": key,
             "classes": listing.classes, "train_images": train_images, "train_labels": train_labels,
             "test_images": test_images, "test_labels": test_labels}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -23,6 +24,8 @@ from ..errors import SlimmingError, TrainingError  # noqa: F401 (TrainingError: 
 from .distributed import DistInfo, all_reduce_sum
 from .saver import CheckpointSaver
 from .sparsity import SPARSE_BOUND, BNSparsity, SparsityController
+
+PROGRESS_S = 10.0  # seconds between progress lines when the output is a log, not a terminal
 
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -164,6 +167,10 @@ class Trainer:
         bar = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
                    disable=None if self.dist.is_main else True)
         steer = self.controller if self.sparsity is not None else None
+        # in a log (stdout not a terminal) tqdm is silent: a plain line every PROGRESS_S instead
+        plain = bar.disable and self.dist.is_main and not sys.stdout.isatty()
+        start = last = time.monotonic()
+        total = len(loader) if hasattr(loader, "__len__") else None
         for i, (x, y) in enumerate(bar):
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.channels_last:
@@ -177,6 +184,10 @@ class Trainer:
             sums[2] += len(y)
             if i % 20 == 0 and not bar.disable:
                 bar.set_postfix(loss=f"{sums[0].item() / sums[2].item():.3f}")
+            if plain and time.monotonic() - last >= PROGRESS_S:
+                last = time.monotonic()
+                print(f"  {desc}: batch {i + 1}{f'/{total}' if total else ''}  loss "
+                      f"{sums[0].item() / sums[2].item():.4f}  {last - start:.0f}s", flush=True)
         loss, correct, count = all_reduce_sum(sums).tolist()
         if not math.isfinite(loss):
             raise TrainingError("the training loss became non-finite (nan/inf): lower lr or "
