@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--archs", default="resnet18,mobilenet_v2")
     ap.add_argument("--epochs", type=positive_int, default=5)
     ap.add_argument("--ft-epochs", type=positive_int, default=2)
-    ap.add_argument("--sparsity", type=float, default=1e-2)
+    ap.add_argument("--sparsity", type=float, default=1e-3)  # RESULTS.md's figures; 1e-2 was too strong
     ap.add_argument("--percents", default="0.3,0.5")
     args = ap.parse_args()
     percents = [float(p) for p in args.percents.split(",")]

@@ -294,8 +294,8 @@ def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
         return None
     return (f"only {100 * near_zero:.1f}% of the BatchNorm |gamma| are under {SPARSE_BOUND:g} but "
             f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, so this cuts "
-            "channels that still matter; sparsity training comes first (slimming.BNSparsity, or "
-            "slimming train --sparsity 1e-4)")
+            "channels that still matter; sparsity training comes first (slimming.BNSparsity, or slimming "
+            "train --sparsity S, or --sparsity-target F to have S chosen)")
 
 
 def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> str | None:
