@@ -18,7 +18,8 @@ from slimming.pruning.select import prunable_bns
 def parser(doc: str | None) -> Parser:
     """The scripts' argument parser: a mistake is one line on stderr and exit code 2, as in
     slimming's own commands."""
-    return Parser(description=(doc or "").strip().splitlines()[0] if doc else None)
+    first = (doc or "").strip().split("\n\n")[0]  # the first paragraph, whole
+    return Parser(description=" ".join(first.split()) or None)
 
 
 def guarded(main) -> int:
