@@ -505,6 +505,16 @@ def apply_config(parser: Parser, argv: list[str]) -> None:
             parser.error(f"--config {path}: {key[:40]} takes a value, not {str(value).lower()}")
         elif value is not None:
             defaults[dest] = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    for action in sub._actions:  # argparse checks choices on the command line only
+        value = defaults.get(action.dest)
+        if action.choices is not None and value is not None and not isinstance(value, bool):
+            try:
+                converted = action.type(value) if callable(action.type) else value
+            except (argparse.ArgumentTypeError, ValueError, TypeError):
+                continue  # argparse says what is wrong with it when it converts the default
+            if converted not in action.choices:
+                parser.error(f"--config {path}: {action.dest} {clip(str(value), 40)!r} is not one of: "
+                             f"{', '.join(map(str, action.choices))}")
     sub.set_defaults(**defaults)
 
 

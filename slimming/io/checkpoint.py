@@ -64,6 +64,8 @@ def _check_fields(ckpt: dict, path: Path) -> None:
     if version > VERSION:
         raise CheckpointError(f"{path}: written by a newer slimming (checkpoint version {version}; "
                               f"this one reads up to {VERSION}): upgrade slimming")
+    if not isinstance(ckpt["arch"], str):
+        raise bad("arch", "expected a name such as 'vgg' or 'torchvision:resnet18'")
     external = is_external(ckpt["arch"])
     if ckpt["arch"] not in models.FAMILIES and not external:
         raise bad("arch", f"expected one of: {', '.join(sorted(models.FAMILIES))}, or "

@@ -30,7 +30,7 @@ from ..errors import SlimmingError, first_line
 from ..models.common import BN_STATE
 from ..utils.modules import keep_slices, modes_kept, unwrap
 from . import budget, repair, surgery
-from .graph import GraphError, Group
+from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select
 from .trace import as_inputs, trace
@@ -208,7 +208,10 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         raise SlimmingError("give exactly one of percent, threshold, target_flops and target_params",
                             param=("percent", "threshold", "target_flops", "target_params"))
     example = default_example(model) if example_inputs is None else example_inputs
-    traced = surgery == "graph" or models.family(getattr(model, "arch", None)) is None
+    # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
+    # path does (and gives the family's own channels where nothing is ignored: tested)
+    traced = surgery == "graph" or models.family(getattr(model, "arch", None)) is None \
+        or bool(ignored_names(model, ignore) | ignored_names(model, keep_whole))
     limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
     budgeted = target_flops is not None or target_params is not None
     if budgeted and len(as_inputs(example)) != 1:
@@ -241,6 +244,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         # attention heads and splits by sizes held in attributes are followed where the check
         # can vouch for the widths the cut sets; without it (or where it fails) they are kept
         result = attempt(traced and verify)
+        if traced and models.family(getattr(model, "arch", None)) is not None:
+            _as_family(model, result)
         for note in (little_sparsity(model, result), nearly_emptied(result)):
             if note:
                 warnings.warn(note, stacklevel=2)
@@ -397,6 +402,22 @@ def _family_plan(model: nn.Module, importance: Importance) -> Plan:
                            ranked=(sum(len(m) for m in masks), sum(int((~m).sum()) for m in masks)))
 
     return Plan(scores, build)
+
+
+def _as_family(model: nn.Module, result: PruneResult) -> None:
+    """A shipped family cut along its traced graph (``surgery="graph"``, ``ignore=``): its cfg
+    in the family's own form, where ``Net(cfg)`` rebuilds exactly the network the cut made (VGG,
+    NIN), so that its checkpoint loads as the family's; else the per-BatchNorm dict stays."""
+    prunable = {id(bn) for bn in scaled_prunable_bns(model)}
+    widths = [int(m.sum()) for (_, bn), m in zip(_bn_names(model), result.cfg_mask) if id(bn) in prunable]
+    try:
+        cfg = model.pruned_cfg(widths)
+        built = models.build(model.arch, cfg=cfg, empty=True, **model.options)
+    except Exception:  # noqa: BLE001 (a cut the family's cfg cannot say)
+        return
+    mine = {k: v.shape for k, v in result.model.state_dict().items()}
+    if mine == {k: v.shape for k, v in built.state_dict().items()}:
+        result.cfg = result.model.cfg = cfg
 
 
 def _names(names: list[str], most: int = 3) -> str:

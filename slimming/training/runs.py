@@ -136,6 +136,10 @@ def loaders(args, device: torch.device, dist: DistInfo | None = None, image_size
     """The data the flags ask for; ``image_size`` is the network's own when it takes only one
     (the shipped CIFAR families: 32) and no --image-size was given."""
     dist = dist or DistInfo()
+    if image_size is not None and args.image_size not in (None, image_size):
+        raise SlimmingError(f"--image-size {args.image_size}: the paper's networks (vgg, nin, preresnet, "
+                            f"densenet) take {image_size}x{image_size} images only; for another size use "
+                            "--arch torchvision:NAME or timm:NAME", param="image_size")
     return build_loaders(args.dataset, args.data_root, args.batch_size, max(args.workers, 0),
                          args.download, getattr(args, "seed", None), device.type == "cuda",
                          loader=args.loader, device=device, rank=dist.rank,
