@@ -11,6 +11,7 @@ import torch
 from conftest import rel_diff, sparsity_shaped, zeroed
 
 import slimming
+from slimming.errors import SlimmingError
 from slimming.measure.detection import average_precisions, box_iou, mean_average_precision
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -94,6 +95,159 @@ def test_properties_on_random_cases(seed):
                       preds[0]["labels"].tolist() + targets[0]["labels"][:1].tolist())
         before, after = average_precisions(preds, targets), average_precisions(low, targets)
         assert all(after[c] >= before[c] - 1e-12 for c in before)
+
+
+def good():
+    """One image, a valid (preds, targets) pair for the table of bad inputs to spoil."""
+    return [pred([[0, 0, 10, 10], [20, 20, 30, 30]], [0.9, 0.8], [0, 1])], [target([[0, 0, 10, 10]], [0])]
+
+
+def spoil(side, key, value):
+    preds, targets = good()
+    (preds if side == "preds" else targets)[0][key] = value
+    return preds, targets
+
+
+def drop(side, key):
+    preds, targets = good()
+    del (preds if side == "preds" else targets)[0][key]
+    return preds, targets
+
+
+NAN, INF = float("nan"), float("inf")
+BAD = {  # name: (preds, targets, keyword arguments, the parameter the error names)
+    "preds not a list": (good()[0][0], good()[1], {}, "preds"),
+    "targets a tensor": (good()[0], torch.zeros(1, 4), {}, "targets"),
+    "preds of strings": (["boxes"], good()[1], {}, "preds"),
+    "targets of lists": (good()[0], [[0, 0, 10, 10]], {}, "targets"),
+    "more preds than targets": (good()[0] * 2, good()[1], {}, "preds"),
+    "fewer preds than targets": ([], good()[1], {}, "preds"),
+    "preds without boxes": (*drop("preds", "boxes"), {}, "preds"),
+    "preds without scores": (*drop("preds", "scores"), {}, "preds"),
+    "preds without labels": (*drop("preds", "labels"), {}, "preds"),
+    "targets without boxes": (*drop("targets", "boxes"), {}, "targets"),
+    "targets without labels": (*drop("targets", "labels"), {}, "targets"),
+    "pred boxes of 3 columns": (*spoil("preds", "boxes", torch.zeros(2, 3)), {}, "preds"),
+    "pred boxes of 5 columns": (*spoil("preds", "boxes", torch.zeros(2, 5)), {}, "preds"),
+    "target boxes of 3 columns": (*spoil("targets", "boxes", torch.zeros(1, 3)), {}, "targets"),
+    "target boxes of 5 columns": (*spoil("targets", "boxes", torch.zeros(1, 5)), {}, "targets"),
+    "pred boxes 1-D": (*spoil("preds", "boxes", torch.zeros(8)), {}, "preds"),
+    "target boxes 3-D": (*spoil("targets", "boxes", torch.zeros(1, 1, 4)), {}, "targets"),
+    "pred boxes a list": (*spoil("preds", "boxes", [[0, 0, 10, 10], [20, 20, 30, 30]]), {}, "preds"),
+    "pred boxes of bools": (*spoil("preds", "boxes", torch.ones(2, 4, dtype=torch.bool)), {}, "preds"),
+    "3 scores for 2 boxes": (*spoil("preds", "scores", torch.ones(3)), {}, "preds"),
+    "1 label for 2 boxes": (*spoil("preds", "labels", torch.zeros(1, dtype=torch.long)), {}, "preds"),
+    "2 target labels for 1 box": (*spoil("targets", "labels", torch.zeros(2, dtype=torch.long)), {},
+                                  "targets"),
+    "scores (2, 1)": (*spoil("preds", "scores", torch.ones(2, 1)), {}, "preds"),
+    "NaN in pred boxes": (*spoil("preds", "boxes", torch.tensor([[0, 0, NAN, 10], [20, 20, 30, 30]])), {},
+                          "preds"),
+    "inf in target boxes": (*spoil("targets", "boxes", torch.tensor([[0, 0, 10, INF]])), {}, "targets"),
+    "NaN in scores": (*spoil("preds", "scores", torch.tensor([NAN, 0.8])), {}, "preds"),
+    "inf in scores": (*spoil("preds", "scores", torch.tensor([0.9, -INF])), {}, "preds"),
+    "scores of strings": (*spoil("preds", "scores", ["0.9", "0.8"]), {}, "preds"),
+    "fractional labels": (*spoil("targets", "labels", torch.tensor([0.5])), {}, "targets"),
+    "iou_threshold -1": (*good(), {"iou_threshold": -1}, "iou_threshold"),
+    "iou_threshold 0": (*good(), {"iou_threshold": 0}, "iou_threshold"),
+    "iou_threshold 1.5": (*good(), {"iou_threshold": 1.5}, "iou_threshold"),
+    "iou_threshold NaN": (*good(), {"iou_threshold": NAN}, "iou_threshold"),
+    "iou_threshold inf": (*good(), {"iou_threshold": INF}, "iou_threshold"),
+    "iou_threshold True": (*good(), {"iou_threshold": True}, "iou_threshold"),
+    "iou_threshold a string": (*good(), {"iou_threshold": "0.5"}, "iou_threshold"),
+    "iou_threshold None": (*good(), {"iou_threshold": None}, "iou_threshold"),
+    "interpolation voc": (*good(), {"interpolation": "voc"}, "interpolation"),
+    "interpolation COCO": (*good(), {"interpolation": "COCO"}, "interpolation"),
+    "interpolation 101": (*good(), {"interpolation": 101}, "interpolation"),
+}
+
+
+@pytest.mark.parametrize("function", [mean_average_precision, average_precisions])
+@pytest.mark.parametrize("case", BAD, ids=list(BAD))
+def test_bad_input_is_refused_naming_the_parameter(function, case):
+    preds, targets, kwargs, param = BAD[case]
+    with pytest.raises(SlimmingError) as e:
+        function(preds, targets, **kwargs)
+    assert e.value.params == (param,)
+    message = str(e.value)
+    assert param in message and "\n" not in message and len(message) < 200
+
+
+@pytest.mark.parametrize(("a", "b", "param"), [
+    (torch.zeros(2, 3), torch.zeros(1, 4), "a"),
+    (torch.zeros(2, 4), torch.zeros(1, 5), "b"),
+    (torch.zeros(4), torch.zeros(1, 4), "a"),
+    ([[0, 0, 1, 1]], torch.zeros(1, 4), "a"),
+    (torch.zeros(1, 4), torch.tensor([[0.0, 0, NAN, 1]]), "b"),
+    (torch.tensor([[0.0, 0, INF, 1]]), torch.zeros(1, 4), "a"),
+    (torch.ones(1, 4, dtype=torch.bool), torch.zeros(1, 4), "a"),
+])
+def test_box_iou_refuses_bad_boxes(a, b, param):
+    with pytest.raises(SlimmingError) as e:
+        box_iou(a, b)
+    assert e.value.params == (param,) and "\n" not in str(e.value)
+
+
+def test_empty_images_are_valid():
+    t = [target([[0, 0, 10, 10]], [0]),
+         {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long)},
+         {"boxes": torch.zeros(0), "labels": torch.zeros(0)}]
+    p = [pred([[0, 0, 10, 10]], [0.9], [0]), pred([], [], []),
+         {"boxes": torch.zeros(0), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}]
+    for interpolation in ("all", "coco"):
+        assert mean_average_precision(p, t, interpolation=interpolation) == 1.0
+    assert mean_average_precision([pred([], [], [])], [target(torch.zeros(0, 4).tolist(), [])]) == 0.0
+    assert mean_average_precision([], []) == 0.0
+    assert box_iou(torch.zeros(0, 4), torch.zeros(3, 4)).shape == (0, 3)
+    # integer boxes are read as numbers
+    assert torch.allclose(box_iou(torch.tensor([[0, 0, 10, 10]]), torch.tensor([[5, 0, 15, 10]])),
+                          torch.tensor([[50 / 150]]))
+
+
+def test_coco_interpolation_by_hand():
+    # two objects of class 0; ranked: a hit, a false positive, a hit. Precision 1, 1/2, 2/3 at
+    # recall 1/2, 1/2, 1, made non-increasing: 1 up to recall 1/2, then 2/3 up to recall 1
+    t = [target([[0, 0, 10, 10], [20, 20, 30, 30]], [0])]
+    t[0]["labels"] = torch.tensor([0, 0])
+    p = [pred([[0, 0, 10, 10], [50, 50, 60, 60], [20, 20, 30, 30]], [0.9, 0.8, 0.7], [0, 0, 0])]
+    # all points: recall steps of 1/2 at precision 1 and 2/3
+    assert mean_average_precision(p, t) == pytest.approx(0.5 * 1 + 0.5 * 2 / 3, abs=1e-9)
+    # COCO: recall 0, 0.01, ..., 0.50 (51 points) at 1, recall 0.51, ..., 1.00 (50 points) at 2/3
+    coco = (51 * 1 + 50 * (2 / 3)) / 101
+    assert abs(mean_average_precision(p, t, interpolation="coco") - coco) < 1e-9
+    assert abs(average_precisions(p, t, interpolation="coco")[0] - coco) < 1e-9
+    # the last object never found: recall stops at 1/2, so the 50 points past it count 0
+    missed = [pred([[0, 0, 10, 10], [50, 50, 60, 60]], [0.9, 0.8], [0, 0])]
+    assert abs(mean_average_precision(missed, t, interpolation="coco") - 51 / 101) < 1e-9
+    assert mean_average_precision(missed, t) == pytest.approx(0.5, abs=1e-9)
+    # precision 1 up to recall 1/2, then 1/2 up to recall 1 (hit, two misses, hit)
+    late = [pred([[0, 0, 10, 10], [50, 50, 60, 60], [70, 70, 80, 80], [20, 20, 30, 30]],
+                 [0.9, 0.8, 0.7, 0.6], [0, 0, 0, 0])]
+    assert abs(mean_average_precision(late, t, interpolation="coco") - (51 * 1 + 50 * 0.5) / 101) < 1e-9
+    assert mean_average_precision(late, t) == pytest.approx(0.75, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_coco_and_all_points_agree_on_random_cases(seed):
+    rng = random.Random(100 + seed)
+    preds, targets = random_case(rng, images=rng.randint(1, 8))
+    every, coco = average_precisions(preds, targets), average_precisions(preds, targets, interpolation="coco")
+    assert every.keys() == coco.keys()
+    for c in every:
+        assert 0.0 <= every[c] <= 1.0 and 0.0 <= coco[c] <= 1.0
+        # both read one non-increasing precision curve p on [0, 1] with values in [0, 1]: with S the
+        # sum of its 101 samples, the area lies in [(S - p(0)) / 100, (S - p(1)) / 100], so that
+        # S / 101 - area lies in [p(1) / 100 - S / 10100, p(0) / 100 - S / 10100], within +-0.01
+        assert abs(every[c] - coco[c]) <= 0.01 + 1e-12
+    a = mean_average_precision(preds, targets)
+    b = mean_average_precision(preds, targets, interpolation="coco")
+    assert abs(a - b) <= 0.02
+    boxes = any(len(t["labels"]) for t in targets)
+    perfect = [pred(t["boxes"].tolist(), [1.0] * len(t["labels"]), t["labels"].tolist()) for t in targets]
+    far = [dict(p, boxes=p["boxes"] + 1000) for p in preds]  # no detection overlaps any target
+    for interpolation in ("all", "coco"):
+        expected = 1.0 if boxes else 0.0
+        assert mean_average_precision(perfect, targets, interpolation=interpolation) == expected
+        assert mean_average_precision(far, targets, interpolation=interpolation) == 0.0
 
 
 def load_detector():
