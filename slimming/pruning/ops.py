@@ -376,6 +376,8 @@ class ChannelOps:
                 return "advanced indexing of the other dimensions"
             dim += i is None or isinstance(i, slice)
             pos += i is not None
+        if at is None:  # more entries than dims: torch refuses it too
+            return "an index it does not know"
         if any(not isinstance(i, (slice, int)) and i is not None for i in idx[at + 1:]):
             return "advanced indexing of the other dimensions"
         c, i = x_t.shape[x.dim], idx[at]

@@ -271,10 +271,10 @@ def _criterion(importance) -> Importance:
 
 
 def _scores(importance, model: nn.Module, group: Group) -> torch.Tensor:
-    """The criterion's scores for ``group``, checked: one finite, non-negative number per channel."""
+    """The criterion's scores for ``group``, checked: a 1-D real tensor, one score per channel
+    (``select`` then refuses scores that are not finite)."""
     s = importance(model, group)
-    if not isinstance(s, torch.Tensor) or s.dim() != 1 or len(s) != group.size \
-            or s.is_complex():
+    if not isinstance(s, torch.Tensor) or s.dim() != 1 or len(s) != group.size or s.is_complex():
         got = f"a tensor of shape {tuple(s.shape)}" if isinstance(s, torch.Tensor) else type(s).__name__
         raise SlimmingError(f"importance {importance!r} gave {got} for a group of {group.size} channels; "
                             f"it must give one score per channel (a 1-D tensor of {group.size})",
