@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import warnings
 
 from .errors import CheckpointError, DataError, SlimmingError
 from .io.checkpoint import checkpoint_dict, load_checkpoint, load_model, save_checkpoint
@@ -53,12 +54,19 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        module = importlib.import_module(f"{__name__}.{OLD_PATHS[spec.name[len(__name__) + 1:]]}")
+        new = f"{__name__}.{OLD_PATHS[spec.name[len(__name__) + 1:]]}"
+        warnings.warn(f"{spec.name} is {new} since 0.2 (the old path goes in 0.3): import {new}; "
+                      "README, Upgrading, lists the names that moved", FutureWarning, stacklevel=2)
+        module = importlib.import_module(new)
         spec.loader_state = module.__spec__  # importlib sets __spec__ to the alias's: put it back
         return module
 
     def exec_module(self, module):
         module.__spec__ = module.__spec__.loader_state
+
+    def get_code(self, fullname):  # python -m slimming.graph: a module, not a program
+        raise ImportError(f"{fullname} is {__name__}.{OLD_PATHS[fullname[len(__name__) + 1:]]} since 0.2, "
+                          "a module and not a program: the commands are `slimming --help`")
 
 
 sys.meta_path.append(_OldPaths())
