@@ -173,7 +173,7 @@ def cmd_prune(args) -> None:
     p0, p1 = count_params(model), count_params(result.model)
     thr = "none" if result.threshold is None else f"{result.threshold:.4g}"
     print(f"channels {before} -> {after} ({100 * (before - after) / before:.1f}% removed; "
-          f"|gamma| threshold {thr})")
+          f"|gamma| threshold {thr}; scored by {getattr(args, 'importance', 'bn-max')})")
     if result.ranked is not None:  # what --percent counts, which the line above does not
         ranked, cut = result.ranked
         asked = f"; --percent {args.percent:g} asked {math.floor(args.percent * ranked + 1e-9)}" \
