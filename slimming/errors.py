@@ -13,6 +13,9 @@ working.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 
 class NamesParameters(Exception):
     """An error whose one-line message names Python parameters: ``param`` (one name or several)
@@ -76,9 +79,6 @@ def number(value, param: str, *, integer: bool = False, low: float | None = None
            low_ok: bool = True, high: float | None = None, high_ok: bool = False):
     """``value`` if it is a finite real number (an int where ``integer``) in the range given;
     else a SlimmingError naming ``param``. A bool, a string ("0.5"), NaN and inf are refused."""
-    import math
-    import numbers
-
     kind = numbers.Integral if integer else numbers.Real
     ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
     ok = ok and (low is None or value > low or (low_ok and value == low))

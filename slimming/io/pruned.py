@@ -40,7 +40,7 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
 
 
 def _path(path) -> Path:
-    if not isinstance(path, (str, os.PathLike)) or isinstance(path, bytes) or not str(path):
+    if not isinstance(path, (str, os.PathLike)) or not str(path):  # bytes is neither
         raise SlimmingError(f"path must be a file name (str or Path), not {clip(repr(path))}", param="path")
     return Path(path)
 
