@@ -4,30 +4,52 @@ Train with an L1 penalty on BatchNorm gammas (``BNSparsity``), cut the channels 
 |gamma| threshold (``prune``), fine-tune, and reload any checkpoint with ``load_model``. Every
 mistake in the input raises ``SlimmingError`` (a ValueError) with a one-line message.
 
-The parts, as folders; each may import only those listed after it (``tests/test_layout.py``):
-``cli`` -> ``tools`` -> ``training`` -> ``pruning``, ``io`` -> ``measure``, ``models`` ->
-``utils`` -> ``errors``; ``data`` imports only ``utils`` and ``errors``. The modules of the
-flat layout before 0.2 (``slimming.graph``, ``slimming.checkpoint``, ...) still import, as
-aliases of their new homes (``OLD_PATHS``), until 0.3.
+The parts, as folders, and which may import which: the table in ``docs/layout.md``, the one
+place the rule is written (``tests/test_layout.py`` holds it equal to what it enforces). The
+modules of the flat layout before 0.2 (``slimming.graph``, ``slimming.checkpoint``, ...) still
+import, as aliases of their new homes (``OLD_PATHS``), until 0.3.
 """
 
 import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 import warnings
 
 from .errors import CheckpointError, DataError, SlimmingError
-from .io.checkpoint import checkpoint_dict, load_checkpoint, load_model, save_checkpoint
-from .io.pruned import load_pruned, save_pruned
-from .measure.stats import count_flops, count_params, model_stats
-from .models.layers import LayerRule, register_layer
-from .pruning import importance
-from .pruning import prune as _prune_module
-from .pruning.prune import PruneResult, prune
-from .pruning.select import channel_masks, prunable_bns
-from .training.sparsity import BNSparsity, add_l1_subgradient
 from .version import __version__
+
+# the package's face, imported when first used (PEP 562), so that ``slimming --help`` and the
+# parts that need no torch start at once: name -> the module that defines it
+API = {
+    "checkpoint_dict": "io.checkpoint", "load_checkpoint": "io.checkpoint", "load_model": "io.checkpoint",
+    "save_checkpoint": "io.checkpoint", "load_pruned": "io.pruned", "save_pruned": "io.pruned",
+    "count_flops": "measure.stats", "count_params": "measure.stats", "model_stats": "measure.stats",
+    "LayerRule": "models.layers", "register_layer": "models.layers",
+    "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
+    "prunable_bns": "pruning.select", "BNSparsity": "training.sparsity",
+    "add_l1_subgradient": "training.sparsity",
+}
+MODULES = {"importance": "pruning.importance", **{part: part for part in (
+    "cli", "data", "io", "measure", "models", "pruning", "tools", "training", "utils")}}
+
+
+def __getattr__(name: str):
+    if name in MODULES:
+        return importlib.import_module(f"{__name__}.{MODULES[name]}")
+    if name not in API:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"{__name__}.{API[name]}")
+    if name == "prune":  # the name is the function; ``import slimming.prune`` is still its module
+        sys.modules.setdefault(f"{__name__}.prune", module)
+    globals()[name] = value = getattr(module, name)
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *API, *MODULES})
+
 
 # the flat layout's module paths -> where each module lives now (kept for one release)
 OLD_PATHS = {
@@ -69,8 +91,15 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
                           "a module and not a program: the commands are `slimming --help`")
 
 
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        if name == "prune" and isinstance(value, types.ModuleType):
+            return  # ``import slimming.prune`` (0.1's module) leaves ``slimming.prune`` the function
+        super().__setattr__(name, value)
+
+
 sys.meta_path.append(_OldPaths())
-sys.modules[__name__ + ".prune"] = _prune_module  # the name is the function; the module keeps its path
+sys.modules[__name__].__class__ = _Package
 
 __all__ = ["__version__", "BNSparsity", "importance", "CheckpointError", "DataError", "LayerRule",
            "PruneResult", "SlimmingError", "register_layer",

@@ -1,8 +1,7 @@
 """The layout's rules, read off every module's imports (AST): no import circle, no arrow
 against the parts' direction, no private name taken from another module, no project import
-inside a function. The direction is the one ``slimming/__init__.py`` states:
-cli -> tools -> training -> pruning, io -> measure, models -> utils -> errors; data -> utils,
-errors."""
+inside a function (but the one in ``LATE``). Which part may import which is written once, as the table in
+``docs/layout.md``; ``BELOW`` is that table, and a test holds the two equal."""
 
 import ast
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BELOW = {  # part -> the parts it may import (besides itself)
+BELOW = {  # part -> the parts it may import (besides itself): docs/layout.md's table
     "errors": set(),
     "version": set(),
     "utils": {"errors"},
@@ -26,6 +25,40 @@ BELOW = {  # part -> the parts it may import (besides itself)
     "cli": {"tools", "training", "data", "io", "pruning", "measure", "models", "utils", "errors",
             "version"},
 }
+
+
+def documented_rule() -> dict[str, set[str]]:
+    """docs/layout.md's table ``| part | may import |``: part -> the parts its row names."""
+    lines = (REPO / "docs" / "layout.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if [c.strip() for c in line.strip().strip("|").split("|")] == ["part", "may import"])
+    rule = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        part, names = (c.strip() for c in line.strip().strip("|").split("|"))
+        part = part.strip("`")
+        assert part not in rule, f"{part} has two rows"
+        rule[part] = set() if names == "nothing" else {n.strip().strip("`") for n in names.split(",")}
+    return rule
+
+
+def test_the_documented_rule_is_the_enforced_one():
+    assert documented_rule() == BELOW
+
+
+def test_each_part_names_its_modules_and_leaves_the_rule_to_the_table():
+    """A part's docstring names each of its modules (``runs``, ``trace``, ``ops``) and points to
+    docs/layout.md for what it may import, instead of writing the rule again."""
+    wrong = []
+    for init in sorted([*REPO.glob("slimming/*/__init__.py"), REPO / "models" / "__init__.py"]):
+        name, doc = init.parent.name, ast.get_docstring(ast.parse(init.read_text())) or ""
+        if name != "models":  # models names its families as a kind, not one by one
+            wrong += [f"{name} does not name {m.stem}" for m in sorted(init.parent.glob("*.py"))
+                      if m.stem != "__init__" and f"``{m.stem}``" not in doc]
+        if ("Imports:" in doc or "docs/layout.md" not in doc):
+            wrong.append(f"{name} states its own rule instead of pointing to docs/layout.md")
+    assert wrong == []
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
@@ -129,10 +162,42 @@ def test_no_private_name_across_modules():
     assert taken == []
 
 
+# the one import made late, and why: the command line reads its arguments before it imports torch
+LATE = {("slimming.cli", "slimming.cli.run")}
+
+
 def test_no_project_import_inside_a_function():
     late = [f"{m}:{line} imports {t}" for m in sorted(MODULES)
-            for t, _, line, inside in imports(m) if inside]
+            for t, _, line, inside in imports(m) if inside and (m, t) not in LATE]
     assert late == []
+
+
+def test_help_and_a_typo_answer_without_torch():
+    """``slimming --help``, a command's ``--help`` and a mistyped flag import no torch (the
+    5-9 s a busy machine takes for it), nor does ``import slimming`` until its API is used. So
+    the parser writes down the names its flags offer: in a fresh process (nothing registered
+    by a test), they are the library's registries."""
+    code = ("import sys, slimming, slimming.cli\n"
+            "assert 'torch' not in sys.modules\n"
+            "for argv in (['--help'], ['prune', '--help'], ['prune', '--precent', '0.5'], ['--version']):\n"
+            "    try:\n"
+            "        slimming.cli.main(argv)\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code in (0, 2), (argv, e.code)\n"
+            "    else:\n"
+            "        raise AssertionError(argv)\n"
+            "assert 'torch' not in sys.modules, [m for m in sys.modules if m.startswith('slimming')]\n"
+            "slimming.prune\n"
+            "assert 'torch' in sys.modules\n"
+            "from slimming import models, data, pruning\n"
+            "from slimming.cli.parser import SHIPPED, SHIPPED_ALIASES\n"
+            "import slimming.data.datasets, slimming.pruning.importance\n"
+            "for (module, name), names in SHIPPED.items():\n"
+            "    assert sorted(names) == sorted(getattr(sys.modules[module], name)), (module, name)\n"
+            "assert SHIPPED_ALIASES == models.ALIASES\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "did you mean --percent?" in out.stderr
 
 
 def test_top_level_holds_only_the_package_face():

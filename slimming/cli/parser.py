@@ -1,32 +1,46 @@
 """Command line: ``slimming train | prune | finetune | eval | stats | sweep | export | report |
-pipeline``. Parses arguments (and ``--config`` files, as defaults), checks them against each
-other, and turns user mistakes (``SlimmingError``) into one line on stderr and exit code 2, with
-the flag written where the library's message names a parameter (``in_flags``); ``commands.py``
-does the work. Flags are grouped in ``--help`` (model, data, training, sparsity, output,
-device), each with its default."""
+pipeline``. Reads the arguments (and ``--config`` files, as defaults) and names a typo with the
+flag it meant; ``run.py`` checks them against each other and runs the command. Flags are grouped
+in ``--help`` (model, data, training, sparsity, output, device), each with its default.
+
+Imports nothing that imports torch, so ``--help`` and a mistyped flag answer at once. The names
+the flags offer are the shipped ones, written here (``tests/test_cli.py`` holds them equal to the
+library's registries), and those a script registered before calling ``main`` (``registered``)."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import math
-import re
 import sys
-import warnings
 from pathlib import Path
 
-from .. import models
-from ..data.datasets import DATASETS
-from ..errors import NamesParameters, SlimmingError, TrainingError, clip, first_line, is_out_of_memory
-from ..pruning import importance
-from ..training import runs
-from ..utils import devices
-from ..utils.files import handle_signals, human_bytes
+from ..errors import SlimmingError, clip, first_line
 from ..version import __version__
-from . import commands, pipeline
 
 CONFIG_MAX_BYTES = 64 * 1024
 CONFIG_MAX_DEPTH = 4
+# the shipped names of the library's registries, by the module that holds each
+SHIPPED = {
+    ("slimming.data.datasets", "DATASETS"): ("cifar10", "cifar100", "imagefolder", "synthetic"),
+    ("slimming.pruning.importance", "CRITERIA"): ("bn-max", "bn-mean", "bn-sum"),
+    ("slimming.models.registry", "FAMILIES"): ("densenet", "nin", "preresnet", "vgg"),
+    ("slimming.models.registry", "ALIASES"): ("resnet",),
+}
+SHIPPED_ALIASES = {"resnet": "preresnet"}
+
+
+def registered(module: str, name: str) -> list[str]:
+    """The names registry ``name`` of ``module`` offers: the shipped ones, and those a script
+    added (a family, a criterion, a data source) if it imported the registry before ``main``."""
+    loaded = getattr(sys.modules.get(module), name, ())
+    return sorted({*SHIPPED[module, name], *loaded})
+
+
+def family_name(text: str) -> str:
+    """A family's own name for ``text`` (``resnet`` -> ``preresnet``), as models.canonical."""
+    aliases = getattr(sys.modules.get("slimming.models.registry"), "ALIASES", SHIPPED_ALIASES)
+    return aliases.get(text, text)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -76,10 +90,11 @@ def arch_name(text: str) -> str:
     package.module:function (checked when the flags are read together: ``check_args``)."""
     if ":" in text:
         return text
-    name = models.canonical(text)
-    if name not in models.FAMILIES:
-        raise argparse.ArgumentTypeError(f"unknown arch {text!r}; choose one of: "
-                                         f"{', '.join(sorted([*models.FAMILIES, *models.ALIASES]))}, "
+    name = family_name(text)
+    families = registered("slimming.models.registry", "FAMILIES")
+    if name not in families:
+        names = sorted({*families, *registered("slimming.models.registry", "ALIASES")})
+        raise argparse.ArgumentTypeError(f"unknown arch {text!r}; choose one of: {', '.join(names)}, "
                                          "or torchvision:NAME, timm:NAME, package.module:function")
     return name
 
@@ -132,7 +147,8 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
 
 def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "cifar10") -> None:
     g = p.add_argument_group("data")
-    g.add_argument("--dataset", default=dataset_default, choices=DATASETS,
+    g.add_argument("--dataset", default=dataset_default,
+                   choices=registered("slimming.data.datasets", "DATASETS"),
                    help="the dataset" if dataset_default else
                    "the dataset (default: what the checkpoint was trained on, else cifar10)")
     g.add_argument("--data-root", type=Path, default=None,
@@ -224,7 +240,8 @@ def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | N
 def add_shape_flags(g, recalibrate: int = 0) -> None:
     """What every cut respects, however its size is chosen; ``recalibrate``: the default of
     --recalibrate-bn (50 where the data is at hand anyway: sweep, pipeline)."""
-    g.add_argument("--importance", default="bn-max", choices=sorted(importance.CRITERIA),
+    g.add_argument("--importance", default="bn-max",
+                   choices=registered("slimming.pruning.importance", "CRITERIA"),
                    help="how much a channel matters: bn-max is |gamma| (over a coupled group, the largest); "
                    "bn-mean and bn-sum average or add a group's |gamma|")
     g.add_argument("--min-channels", type=positive_int, default=1,
@@ -286,7 +303,7 @@ def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
     add_model_flags(p, "vgg", build=True)
     add_training_flags(p, epochs=160)
-    p.set_defaults(func=commands.cmd_train)
+    p.set_defaults(func="cmd_train")
 
 
 def add_prune_command(sub) -> None:
@@ -299,7 +316,7 @@ def add_prune_command(sub) -> None:
     g.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
     g.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
     add_device_flags(p)
-    p.set_defaults(func=commands.cmd_prune)
+    p.set_defaults(func="cmd_prune")
 
 
 def add_finetune_command(sub) -> None:
@@ -307,7 +324,7 @@ def add_finetune_command(sub) -> None:
     add_checkpoint_flag(p)
     add_model_flags(p, None)
     add_training_flags(p, epochs=160, dataset=None)
-    p.set_defaults(func=commands.cmd_finetune)
+    p.set_defaults(func="cmd_finetune")
 
 
 def add_eval_command(sub) -> None:
@@ -316,7 +333,7 @@ def add_eval_command(sub) -> None:
     add_model_flags(p, None)
     add_data_flags(p, None)
     add_device_flags(p)
-    p.set_defaults(func=commands.cmd_eval)
+    p.set_defaults(func="cmd_eval")
 
 
 def add_stats_command(sub) -> None:
@@ -330,7 +347,7 @@ def add_stats_command(sub) -> None:
     add_repeats_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_device_flags(p)
-    p.set_defaults(func=commands.cmd_stats)
+    p.set_defaults(func="cmd_stats")
 
 
 def add_sweep_command(sub) -> None:
@@ -353,7 +370,7 @@ def add_sweep_command(sub) -> None:
                    help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
     add_data_flags(p, None)
     add_device_flags(p)
-    p.set_defaults(func=commands.cmd_sweep)
+    p.set_defaults(func="cmd_sweep")
 
 
 def add_export_command(sub) -> None:
@@ -370,7 +387,7 @@ def add_export_command(sub) -> None:
     g.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
     g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_device_flags(p)
-    p.set_defaults(func=commands.cmd_export)
+    p.set_defaults(func="cmd_export")
 
 
 def add_report_command(sub) -> None:
@@ -380,7 +397,7 @@ def add_report_command(sub) -> None:
                    help="package.module:function, when the run's network is your own code")
     add_repeats_flag(p)
     add_device_flags(p)
-    p.set_defaults(func=commands.cmd_report)
+    p.set_defaults(func="cmd_report")
 
 
 def add_pipeline_command(sub) -> None:
@@ -397,7 +414,7 @@ def add_pipeline_command(sub) -> None:
                    help="prune a share of the budget, fine-tune (--finetune-epochs each time), "
                    "repeat: N times (the paper's multi-pass scheme)")
     add_repeats_flag(p)
-    p.set_defaults(func=pipeline.run_pipeline)
+    p.set_defaults(func="run_pipeline")
 
 
 # --------------------------------------------------------------------------- config files
@@ -518,111 +535,11 @@ def apply_config(parser: Parser, argv: list[str]) -> None:
     sub.set_defaults(**defaults)
 
 
-# --------------------------------------------------------------------------- checks across flags
-
-def check_args(parser: Parser, args: argparse.Namespace) -> None:
-    """What no single flag's type can see: contradictions and flags that must fit each other."""
-    if hasattr(args, "cpu"):
-        try:
-            runs.device_for(args)
-        except SlimmingError as e:
-            parser.error(str(e))
-    external = models.external.is_external(getattr(args, "arch", None))
-    if args.command in ("train", "pipeline") and external:
-        if args.cfg is not None or args.depth is not None:
-            parser.error(f"--cfg and --depth are for the shipped families; {clip(args.arch)} takes its "
-                         "options through --model-kwargs")
-        try:
-            models.build(args.arch, empty=True, num_classes=args.num_classes, kwargs=args.model_kwargs)
-        except ValueError as e:
-            parser.error(f"--arch {clip(args.arch)}: {first_line(e)}")
-    elif args.command in ("train", "pipeline") and args.model_kwargs:
-        parser.error("--model-kwargs is for torchvision:/timm:/your own architectures; the "
-                     "shipped families take --depth and --cfg")
-    elif getattr(args, "cfg", None) is not None or (args.command in ("train", "pipeline")
-                                                     and args.depth is not None):
-        options = {} if args.depth is None or args.cfg is not None else {"depth": args.depth}
-        try:
-            models.build(args.arch, cfg=args.cfg, empty=True, **options)
-        except ValueError as e:
-            flag = "--cfg" if args.cfg is not None else "--depth"
-            parser.error(f"{flag} does not fit --arch {clip(args.arch)}: {first_line(e)}")
-    if getattr(args, "amp_dtype", None) and not args.amp:
-        parser.error("--amp-dtype only applies with --amp; add --amp")
-    if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:
-        parser.error("--sparsity-target steers a strength: give the starting one, e.g. --sparsity 1e-4")
-
-
-def out_of_memory(e: BaseException) -> str | None:
-    """One line for an allocation that failed (a MemoryError, the CPU allocator's "can't
-    allocate memory", CUDA's OutOfMemoryError): how much was asked for, when the allocator says,
-    and what to lower. None for any other error."""
-    if not is_out_of_memory(e):
-        return None
-    asked = re.search(r"allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]iB)", str(e))
-    size = ""
-    if asked:
-        size = f" ({human_bytes(int(asked[1])) if asked[1] else asked[2]} asked for)"
-    return (f"out of memory{size}: lower --batch-size or the image size (--image-size, "
-            "--input-size), or use a smaller network")
-
-
-# the library's parameters whose flag is not the parameter's name with dashes
-FLAGS = {"root": "--data-root", "count": "--recalibrate-bn", "name": "--dataset"}
-
-
-def flag_of(param: str) -> str:
-    return FLAGS.get(param, "--" + param.replace("_", "-"))
-
-
-def in_flags(e: NamesParameters) -> str:
-    """``e``'s message with the flag written where it names a Python parameter (the first time
-    each, not inside a path or a quoted name): the library says ``target_flops``, the command
-    line ``--target-flops``."""
-    text = str(e)
-    for param in e.params:
-        flag = flag_of(param)
-        pattern = rf"(?<![\w'/.-]){re.escape(param)}(?![\w'/.-])"
-        text = re.sub(pattern, lambda _, flag=flag: flag, text, count=1)
-    return text
-
-
-def main(argv: list[str] | None = None) -> int:
+def read_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments of one command line (``sys.argv[1:]`` by default), its ``--config`` applied
+    as defaults; a typo, a bad value or ``--help`` exits here, before torch is imported."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     check_spelling(parser, argv)
     apply_config(parser, argv)
-    args = parser.parse_args(argv)
-    check_args(Parser(prog=f"slimming {args.command}", add_help=False), args)  # errors name the command
-    devices.new_command()
-    name = f"slimming {args.command}"
-    def warn(message, category, filename, lineno, file=None, line=None):  # one line each
-        print(f"{name}: warning: {message}", file=sys.stderr)
-
-    with handle_signals(), warnings.catch_warnings():
-        warnings.showwarning = warn
-        try:
-            args.func(args)
-        except SlimmingError as e:  # the user's mistake: one line, no traceback
-            print(f"{name}: error: {in_flags(e)}", file=sys.stderr)
-            return 2
-        except TrainingError as e:
-            print(f"{name}: error: {in_flags(e)}", file=sys.stderr)
-            return 1
-        except (MemoryError, RuntimeError) as e:  # RuntimeError: the allocators' failures
-            reason = out_of_memory(e)
-            if reason is None:
-                raise  # a bug: keep its traceback
-            print(f"{name}: error: {reason}", file=sys.stderr)
-            return 2
-        except OSError as e:  # a full disk, a folder removed under the run, ...
-            print(f"{name}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            print(f"{name}: interrupted", file=sys.stderr)
-            return 130
-        except SystemExit as e:
-            if isinstance(e.code, int) and e.code > 128:  # a signal, raised by handle_signals
-                print(f"{name}: stopped by signal {e.code - 128}", file=sys.stderr)
-            raise
-    return 0
+    return parser.parse_args(argv)
