@@ -12,8 +12,7 @@ Any other network comes from ``external.py``: ``build("torchvision:resnet18", nu
 ``build("timm:efficientnet_b0", ...)`` or ``build("package.module:function", ...)``; slimming
 prunes those through their traced channel graph.
 
-Imports: ``slimming.utils`` and ``slimming.errors`` only; ``check_input_size`` builds on the
-meta device.
+Which parts it may import: ``docs/layout.md``. ``check_input_size`` builds on the meta device.
 """
 
 from __future__ import annotations

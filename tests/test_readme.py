@@ -1,6 +1,8 @@
-"""The README's Python examples run as they are (in a temporary folder) and do what they say."""
+"""The README's and the docs' Python examples run as they are (in a temporary folder) and do what
+they say; their links lead somewhere, and every page of docs/ is linked from the README."""
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,21 +11,35 @@ from slimming.models import layers
 
 import slimming
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+
+
+# (id, page, code): README-block0, python.md-block1, ...
+EXAMPLES = [(f"{'README' if page == README else page.name}-block{i}", page, code)
+            for page in PAGES for i, code in enumerate(python_blocks(page))]
+BLOCKS = [code for _, _, code in EXAMPLES]
 
 
 def test_there_are_python_examples():
-    assert len(BLOCKS) >= 2
+    assert len(python_blocks(README)) >= 2 and len(DOCS) >= 2
+    assert len(BLOCKS) > len(python_blocks(README))
 
 
-@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(("page", "code"), [(page, code) for _, page, code in EXAMPLES],
+                         ids=[name for name, _, _ in EXAMPLES])
+def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
     rules, module_rules = dict(layers.RULES), dict(layers.MODULE_RULES)
     try:
-        exec(compile(code, "README.md", "exec"), namespace)
+        exec(compile(code, str(page.relative_to(ROOT)), "exec"), namespace)
     finally:  # a layer kind registered by an example stays in that example
         layers.RULES.clear()
         layers.RULES.update(rules)
@@ -66,3 +82,55 @@ def test_a_python_example_runs(code, tmp_path, monkeypatch, capsys):
         assert classifier.out_features == 10
         assert classifier.in_features == result.model.features[18][1].num_features
         assert not result.masks["features.2.conv.0.1"].all()
+
+
+def prose(page: Path) -> str:
+    """The page without its fenced blocks."""
+    return re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+
+
+def anchors(page: Path) -> Iterator[str]:
+    """GitHub's anchors for the page's headings: lower case, punctuation dropped, spaces to
+    hyphens, a repeated one numbered."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#+ +(.+?) *$", prose(page), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        yield slug if seen[slug] == 0 else f"{slug}-{seen[slug]}"
+
+
+def links(page: Path) -> list[str]:
+    """The targets of the page's markdown links, outside code."""
+    text = re.sub(r"`[^`]*`", "", prose(page))  # inline code, which may hold brackets
+    return re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_leads_to_a_file_and_heading(page):
+    broken = []
+    for target in links(page):
+        if re.match(r"[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in set(anchors(file)):
+            broken.append(f"{target} (no such heading)")
+    assert broken == []
+
+
+def test_every_doc_is_linked_from_the_readme():
+    linked = {(ROOT / target.partition("#")[0]).resolve() for target in links(README)}
+    assert [doc.name for doc in DOCS if doc.resolve() not in linked] == []
+
+
+PATH = re.compile(r"(?<![\w./~-])((?:slimming|models|tests|benchmarks|notebooks|docs|\.ci)/[\w./-]*\w)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_path_a_page_names_exists(page):
+    """``slimming/utils/files.py``, ``benchmarks/detector.py``: files that move take their
+    mentions with them."""
+    named = {m for code in re.findall(r"`([^`]*)`", prose(page)) for m in PATH.findall(code)}
+    assert sorted(p for p in named if not (ROOT / p).exists()) == []

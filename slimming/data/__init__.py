@@ -8,7 +8,7 @@ Modules, each importing only those before it: ``recipes`` (constants, per-image 
 (image packs) <- ``datasets`` (the sources, choosing the image size and loader, the entry
 points re-exported here).
 
-Imports: ``slimming.utils`` and ``slimming.errors`` only; torchvision only when called.
+Which parts it may import: ``docs/layout.md``. torchvision is imported only when called.
 """
 
 from ..errors import DataError

@@ -4,5 +4,5 @@
 (``paper``, with what a state_dict's shapes say in ``structure``). Bounded, checksummed loading
 is ``slimming.utils.safeload``.
 
-Imports: ``slimming.models``, ``slimming.utils``, ``slimming.errors``.
+Which parts it may import: ``docs/layout.md``.
 """

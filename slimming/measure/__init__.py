@@ -1,5 +1,6 @@
-"""What a network costs: parameters, FLOPs, size on disk and latency (``stats``). Any
-``nn.Module``; nothing here builds a network.
+"""What a network costs: parameters, FLOPs, size on disk and latency (``stats``); and how well
+a detector finds objects, before and after slimming: mAP (``detection``). Any ``nn.Module``;
+nothing here builds a network.
 
-Imports: ``slimming.utils`` and ``slimming.errors``.
+Which parts it may import: ``docs/layout.md``.
 """

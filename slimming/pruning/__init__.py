@@ -1,8 +1,10 @@
-"""Pruning: which channels go together (``graph``: the traced channel graph), which to cut
+"""Pruning: which channels go together (``graph``: the channel graph, built by ``trace`` from one
+real forward, with what each torch op does to channels in ``ops``), which to cut
 (``importance``: the criteria; ``select``: one global threshold; ``budget``: a FLOPs or
 parameter target), and how to cut them (``surgery`` along the graph, or a family's own walk),
-then folding what the cut channels still gave into the next layers (``repair``). ``prune``
+then folding what the cut channels still gave into the next layers (``repair``) and checking
+the pruned network against the original with the cut channels zeroed (``verify``). ``prune``
 composes them into ``slimming.prune``.
 
-Imports: ``slimming.models``, ``slimming.measure``, ``slimming.utils``, ``slimming.errors``.
+Which parts it may import: ``docs/layout.md``.
 """

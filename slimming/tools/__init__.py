@@ -1,6 +1,6 @@
-"""What users do with a checkpoint besides training it: pruning-ratio sweeps (``sweep``),
-export to TorchScript / ONNX (``export``), the report (``report``) and its plots (``plots``).
+"""What users do with a checkpoint besides training it: pruning a checkpoint file
+(``prune_checkpoint``), pruning-ratio sweeps (``sweep``), export to torch.export / TorchScript /
+ONNX (``export``), the report (``report``) and its plots (``plots``).
 
-Imports: ``slimming.training``, ``slimming.data``, ``slimming.io``, ``slimming.pruning``,
-``slimming.measure``, ``slimming.models``, ``slimming.utils``, ``slimming.errors``.
+Which parts it may import: ``docs/layout.md``.
 """

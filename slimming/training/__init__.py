@@ -3,8 +3,7 @@ controller (``sparsity``), torchrun (``distributed``), what a run writes (``save
 run, ``train`` and ``finetune`` alike: ``train(TrainConfig(...), model)`` (``config``, ``train``;
 ``runs``: the device, the data and the outputs a run and the commands share).
 
-Imports: ``slimming.data``, ``slimming.io``, ``slimming.pruning``, ``slimming.measure``,
-``slimming.models``, ``slimming.utils``, ``slimming.errors``.
+Which parts it may import: ``docs/layout.md``.
 """
 
 from .config import TrainConfig
