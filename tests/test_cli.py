@@ -46,6 +46,11 @@ def test_train_prune_finetune_eval(sparse_run, tmp_path, capsys):
                        "0.5", "--save", tmp_path / "pruned")
     assert code == 0 and "feature.1" in out and "parameters" in out
     pruned_path = tmp_path / "pruned" / "pruned.pth"
+    # the accuracy right after the cut, on the checkpoint's own data: what eval says of the file
+    after = float(out.split("accuracy right after the cut: ")[1].split("%")[0])
+    assert f"(the checkpoint's: {last['acc']:.2f}%), on 512 test images of synthetic" in out
+    code, out, _ = run(capsys, "eval", "--checkpoint", pruned_path)
+    assert code == 0 and f"top-1 accuracy {after:.2f}%" in out
     pruned = torch.load(pruned_path, weights_only=True)
     assert pruned["cfg"] != [int(v) if v != "M" else v for v in TINY.split(",")]
     assert len(pruned["cfg_mask"]) == 6 and pruned["source_acc"] == last["acc"]
@@ -196,6 +201,29 @@ def test_paper_checkpoint_from_the_command_line(tmp_path, capsys):
     assert code == 0 and 10 <= sum(widths) < 20 and min(widths) >= 1  # half cut, guard kept 1+
     code, out, _ = run(capsys, "eval", "--checkpoint", paper, "--arch", "vgg", *DATA)
     assert code == 0 and "top-1 accuracy" in out
+
+
+def test_prune_measures_the_cut_only_on_data_at_hand(sparse_run, tmp_path, capsys):
+    """The checkpoint's dataset gone: one line says why there is no figure, and the cut is
+    saved; --no-eval says nothing; data flags that do not read are an error, nothing written."""
+    from slimming import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(sparse_run / "best.pth")
+    ckpt["args"] = {**ckpt["args"], "dataset": "imagefolder", "data_root": str(tmp_path / "gone")}
+    ckpt["data"] = {**ckpt["data"], "dataset": "imagefolder", "data_root": str(tmp_path / "gone")}
+    save_checkpoint(ckpt, tmp_path / "moved.pth")
+    code, out, err = run(capsys, "prune", "--checkpoint", tmp_path / "moved.pth", "--percent", "0.5",
+                         "--save", tmp_path / "a", "--cpu")
+    assert code == 0 and (tmp_path / "a" / "pruned.pth").exists(), err
+    assert "accuracy right after the cut: not measured (" in out and "--no-eval)" in out
+    code, out, _ = run(capsys, "prune", "--checkpoint", tmp_path / "moved.pth", "--percent", "0.5",
+                       "--save", tmp_path / "b", "--cpu", "--no-eval")
+    assert code == 0 and "accuracy right after" not in out
+    code, out, err = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5",
+                         "--save", tmp_path / "c", "--cpu", "--dataset", "imagefolder", "--data-root",
+                         tmp_path / "gone")
+    error = [line for line in err.splitlines() if "error:" in line]
+    assert code == 2 and len(error) == 1 and "gone" in error[0] and not (tmp_path / "c").exists()
 
 
 def test_version_and_grouped_help_with_defaults(capsys):

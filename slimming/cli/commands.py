@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import SlimmingError, clip, first_line
+from ..errors import DataError, SlimmingError, clip, first_line
 from ..io.checkpoint import save_checkpoint
 from ..measure.stats import (
     channels_last_note,
@@ -153,6 +153,27 @@ def recalibrate(args, ckpt: dict, model: nn.Module, device: torch.device) -> Non
     print(f"BatchNorm statistics re-estimated on {seen:,} training images ({args.dataset})")
 
 
+def accuracy_after_cut(args, ckpt: dict, model: nn.Module, device: torch.device) -> None:
+    """The pruned network's test accuracy right after the cut, before any fine-tune, when the
+    data is at hand: the data flags given (an error if they do not read), or the checkpoint's
+    own dataset where it already is (nothing is downloaded for it; a line says why not)."""
+    given = args.dataset is not None or args.data_root is not None or args.download
+    default_data(args, ckpt)
+    try:
+        _, test_loader, _ = loaders(args, device, image_size=native_size(ckpt["arch"]))
+    except DataError as e:
+        if given:
+            raise
+        print(f"accuracy right after the cut: not measured ({first_line(e, 100)}; give --dataset and "
+              "--data-root, or --no-eval)")
+        return
+    m = evaluate(model, test_loader, device)
+    was = ckpt.get("acc")
+    before = f" (the checkpoint's: {was:.2f}%)" if isinstance(was, (int, float)) else ""
+    print(f"accuracy right after the cut: {m['acc']:.2f}%{before}, on {m['count']:,} test images of "
+          f"{args.dataset}; fine-tuning brings back what the cut cost")
+
+
 def cmd_prune(args) -> None:
     out = args.save / "pruned.pth"
     check_output(out, args.overwrite)
@@ -205,6 +226,8 @@ def cmd_prune(args) -> None:
               "original (its cut gammas at zero) on random images; the paper's cut is kept")
     if args.recalibrate_bn:
         recalibrate(args, ckpt, result.model, device)
+    if getattr(args, "eval", False):
+        accuracy_after_cut(args, ckpt, result.model, device)
     ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
                 if getattr(args, k) is not None), "--percent")
     for note in prune_warnings(model, result, args.min_channels, ask):

@@ -311,8 +311,11 @@ def add_prune_command(sub) -> None:
     add_checkpoint_flag(p)
     add_model_flags(p, None)
     add_prune_flags(p, required=True)
-    add_data_flags(p, None)  # read only for --recalibrate-bn
+    add_data_flags(p, None)  # read for --recalibrate-bn and the accuracy right after the cut
     g = p.add_argument_group("output")
+    g.add_argument("--no-eval", dest="eval", action="store_false",
+                   help="do not print the test accuracy right after the cut (printed when the data is "
+                   "at hand: the data flags, or the checkpoint's dataset where it already is)")
     g.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
     g.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
     add_device_flags(p)
