@@ -132,15 +132,25 @@ def test_the_controllers_rule():
     c = SparsityController(0.5)
     c.start_epoch(sparsity, 0, 10, 100, 0.1)
     assert c.interval == 10 and c.due(10) and not c.due(11)
-    assert c.update(sparsity, 10) == pytest.approx(4e-4)  # q did not move: behind, x4 (the most)
+    assert c.update(sparsity, 10) == pytest.approx(2e-4)  # q did not move: behind, x2
     gamma -= 0.3  # q fell 0.3 in 10 steps, far faster than the 0.39 over 390 steps it needs
     assert c.update(sparsity, 20) == pytest.approx(0.5e-4)  # ahead of the path: /2 (the most)
-    gamma -= 0.0001 * 10  # q fell 1e-4 a step, 1e-3 needed: x4 capped
-    assert c.update(sparsity, 30) == pytest.approx(4e-4)
-    gamma.copy_(torch.linspace(0.0, 0.02, 100))  # 50% under 1e-2: on target, held
-    assert c.update(sparsity, 40) == pytest.approx(1e-4)
+    gamma -= 0.001  # q rose (the negative gammas grew): x2, not the x4 that swung back and forth
+    assert c.update(sparsity, 30) == pytest.approx(2e-4)
+    gamma.copy_(torch.linspace(0.0, 0.02, 100))  # 3% -> 50% under 1e-2 in one check: heading
+    assert c.update(sparsity, 40) == pytest.approx(0.5e-4)  # for 97% by the next, so halved
+    assert c.update(sparsity, 50) == pytest.approx(1e-4)  # 50% and staying there: held
     gamma.copy_(torch.linspace(0.0, 0.015, 100))  # 67% under: more than F + 0.02, halved
-    assert c.update(sparsity, 50) == pytest.approx(0.5e-4)
+    assert c.update(sparsity, 60) == pytest.approx(0.5e-4)
+    gamma.copy_(torch.cat([torch.full((23,), 0.005), torch.linspace(0.05, 0.4, 77)]))  # 3% -> 23%:
+    # heading for 43% by the next check: x2^0.28, not the x2 of a q that rose
+    c.last_fraction = 0.03
+    assert c.update(sparsity, 70) == pytest.approx(1e-4 * 2 ** (2 * (0.5 - 0.43) / 0.5))
+    fresh = SparsityController(0.5)
+    gamma.copy_(torch.linspace(0.2, 0.6, 100))
+    fresh.start_epoch(sparsity, 0, 10, 100, 0.1)
+    gamma -= 0.0001 * 10  # q fell 1e-4 a step, 1e-3 needed: x4 capped
+    assert fresh.update(sparsity, 10) == pytest.approx(4e-4)
     c.start_epoch(sparsity, 5, 10, 100, 0.01)  # the learning rate fell under half its peak
     gamma.copy_(torch.linspace(0.2, 0.6, 100))
     assert c.update(sparsity, 10) == pytest.approx(1e-4)  # behind, but never raised now

@@ -82,17 +82,26 @@ class SparsityController:
       30x or 1000x too low is found in a few checks, not a few epochs, and one too high is
       lowered before it has pulled every gamma to zero. Since both rates are measured, not
       modelled, the loss's pull against the L1 term is accounted for. Past ``reach`` and still
-      short of the target, it is never lowered.
+      short of the target, it is never lowered. A q that rose since the last check (the loss
+      pushing back at a strength just lowered) doubles the strength; x4 there made the strength
+      swing between x4 and x1/2 around the right one.
     - q under the bound: held while the fraction under it is at most F + ``tolerance`` (0.02);
       above, scaled by 2^-clip(8 e / F, 0, 1) for an excess e over F + tolerance: halved when
       far over, lowered a little when just over, since a pull lowered too far lets the gammas
       it holds at zero drift back over the bound once the strength may no longer rise.
+    - Near the target (a fifth of F or more under the bound), also never more than
+      2^clip(2 (F - f') / F, -1, 1), where f' is the fraction the trend since the last check
+      heads for by the next one: the gammas cross in bulk and fast there (36% -> 52% -> 65% in
+      two checks of a 6-epoch run, with the strength held because 52% was in the band), and
+      what crosses past the target at a high learning rate does not come back once it has
+      fallen. So the strength rises by x2 at most while far under, a little when close, and
+      falls before the bulk has crossed, not after.
     - Never raised past bound / (2 lr), a pull of half the bound a step (SGD): a gamma the L1
       term holds at zero then stays under the bound, and a target the network cannot reach
       without its useful channels does not make the strength run away.
 
-    The strength starts from ``--sparsity``. The first check of each epoch compares with q at
-    the epoch's start, so a run resumed at an epoch boundary steers exactly as one that was
+    The strength starts from ``--sparsity``. The first check of each epoch compares with q and
+    the fraction at the epoch's start, so a run resumed at an epoch boundary steers exactly as one that was
     not stopped (given the saved strength and peak learning rate).
     """
 
@@ -124,7 +133,7 @@ class SparsityController:
         self.interval = max(1, steps // self.checks)
         self.goal_step = self.reach * epochs * steps
         self.epoch_start = epoch * steps
-        self.last_q, self.last_step = self.measure(sparsity)[0], 0
+        (self.last_q, self.last_fraction), self.last_step = self.measure(sparsity), 0
 
     def due(self, step: int) -> bool:
         """Whether a check comes after ``step`` (1-based) steps of this epoch."""
@@ -142,12 +151,16 @@ class SparsityController:
             left = max(self.goal_step - (self.epoch_start + step), 2 * self.interval)
             need = (q - self.bound) / left
             seen = (self.last_q - q) / max(step - self.last_step, 1)
-            factor = 4.0 if seen <= 0 else min(4.0, max(0.5, need / seen))
+            factor = 2.0 if seen <= 0 else min(4.0, max(0.5, need / seen))
             if self.epoch_start + step >= self.goal_step:  # late and still short: never lowered
                 factor = max(factor, 1.0)
+        if fraction >= 0.2 * self.target:  # near: never more than the trend to the target allows
+            since = max(step - self.last_step, 1)
+            heading = fraction + (fraction - self.last_fraction) * self.interval / since
+            factor = min(factor, 2.0 ** max(-1.0, min(1.0, 2.0 * (self.target - heading) / self.target)))
         if not self.high_lr:
             factor = min(factor, 1.0)
-        self.last_q, self.last_step = q, step
+        self.last_q, self.last_fraction, self.last_step = q, fraction, step
         if factor <= 1:
             return sparsity.strength * factor
         return max(sparsity.strength, min(sparsity.strength * factor, self.ceiling))
