@@ -1,6 +1,8 @@
-"""Promises that only real processes can check: one run per folder (a lock that names its
+"""Promises about processes and the files they share: one run per folder (a lock that names its
 holder and dies with it), planted symlinks never written through, SIGTERM/SIGINT leaving no
-temporary file, and a damaged decode cache rebuilt by the next run."""
+temporary file, and a damaged decode cache rebuilt by the next run. What needs a process of its
+own (the lock's holder, a signalled command) runs in one; the runs that only meet its files run
+in this process (``cli``), which spares a torch import each."""
 
 import json
 import os
@@ -22,9 +24,17 @@ SYN = ["--dataset", "synthetic", "--cpu", "--batch-size", "256"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def slimming(*argv, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slimming", *map(str, argv)], env=ENV,
-                          capture_output=True, text=True, timeout=120, **kw)
+def cli(capsys, *argv) -> subprocess.CompletedProcess:
+    """``slimming ARGV`` in this process: its exit code, stdout and stderr, as a process gives them."""
+    from slimming.cli import main
+
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)
 
 
 def temporaries(folder: Path) -> list[str]:
@@ -51,7 +61,7 @@ def checkpoint(tmp_path_factory):
 # --------------------------------------------------------------------------- one run per folder
 
 def test_a_second_run_on_a_folder_in_use_is_refused_and_the_lock_dies_with_its_holder(
-        tmp_path, checkpoint):
+        tmp_path, checkpoint, capsys):
     save = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "-m", "slimming", "train", "--cfg", TINY, "--epochs",
                               "1000", "--save", str(save), *SYN], env=ENV,
@@ -60,32 +70,32 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_the_lock_dies_with_its_h
         wait_for(lambda: (save / "last.pth").exists(), first)  # mid-run, lock held
         for argv in (["train", "--cfg", TINY, "--resume", "auto"],
                      ["finetune", "--checkpoint", checkpoint]):
-            refused = slimming(*argv, "--epochs", 1, "--save", save, *SYN)
+            refused = cli(capsys, *argv, "--epochs", 1, "--save", save, *SYN)
             lines = refused.stderr.strip().splitlines()
             assert refused.returncode == 2 and len(lines) == 1, refused.stderr
             assert f"in use by process {first.pid}" in lines[0]
     finally:
         first.kill()  # SIGKILL: nothing of slimming's runs, only the kernel drops the lock
         first.wait()
-    after = slimming("train", "--cfg", TINY, "--resume", "auto", "--epochs", 1, "--save", save, *SYN)
+    after = cli(capsys, "train", "--cfg", TINY, "--resume", "auto", "--epochs", 1, "--save", save, *SYN)
     assert after.returncode == 0, after.stderr  # the dead holder's lock is no obstacle
     assert "nothing to do" in after.stdout
 
 
 # --------------------------------------------------------------------------- planted symlinks
 
-def test_symlinks_planted_at_outputs_are_replaced_never_written_through(tmp_path, checkpoint):
+def test_symlinks_planted_at_outputs_are_replaced_never_written_through(tmp_path, checkpoint, capsys):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     run, pruned, out = tmp_path / "run", tmp_path / "pruned", tmp_path / "export"
     for folder, name in ((run, "metrics.jsonl"), (pruned, "pruned.pth"), (out, "model.pt2")):
         folder.mkdir()
         (folder / name).symlink_to(victim)
-    assert slimming("train", "--cfg", TINY, "--epochs", 1, "--save", run, *SYN).returncode == 0
-    assert slimming("prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", pruned,
-                    "--overwrite", "--cpu").returncode == 0
-    assert slimming("export", "--checkpoint", checkpoint, "--out", out / "model.pt2", "--overwrite",
-                    "--cpu").returncode == 0
+    assert cli(capsys, "train", "--cfg", TINY, "--epochs", 1, "--save", run, *SYN).returncode == 0
+    assert cli(capsys, "prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", pruned,
+               "--overwrite", "--cpu").returncode == 0
+    assert cli(capsys, "export", "--checkpoint", checkpoint, "--out", out / "model.pt2", "--overwrite",
+               "--cpu").returncode == 0
     assert victim.read_text() == "precious\n"
     for path in (run / "metrics.jsonl", pruned / "pruned.pth", out / "model.pt2"):
         assert path.is_file() and not path.is_symlink()
@@ -94,16 +104,16 @@ def test_symlinks_planted_at_outputs_are_replaced_never_written_through(tmp_path
     # without --overwrite, a symlink (even a dangling one) counts as an existing output
     (pruned / "pruned.pth").unlink()
     (pruned / "pruned.pth").symlink_to(tmp_path / "nowhere")
-    refused = slimming("prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", pruned, "--cpu")
+    refused = cli(capsys, "prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", pruned, "--cpu")
     assert refused.returncode == 2 and "already exists" in refused.stderr
     assert not (tmp_path / "nowhere").exists()
 
 
-def test_a_symlink_planted_at_the_lock_is_refused(tmp_path):
+def test_a_symlink_planted_at_the_lock_is_refused(tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / ".slimming.lock").symlink_to(tmp_path / "elsewhere")
-    result = slimming("train", "--cfg", TINY, "--epochs", 1, "--save", run, *SYN)
+    result = cli(capsys, "train", "--cfg", TINY, "--epochs", 1, "--save", run, *SYN)
     assert result.returncode == 2 and "symlink" in result.stderr
     assert not (tmp_path / "elsewhere").exists()
 
@@ -129,10 +139,12 @@ SLOW_RENAME = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def pipeline_run(tmp_path_factory):
+    from slimming.cli import main
+
     root = tmp_path_factory.mktemp("pipe") / "run"
-    result = slimming("pipeline", "--cfg", TINY, "--epochs", 1, "--finetune-epochs", 1, "--percent",
-                      "0.5", "--sparsity", "1e-2", "--repeats", 0, "--save", root, *SYN)
-    assert result.returncode == 0, result.stderr
+    assert main([str(a) for a in ("pipeline", "--cfg", TINY, "--epochs", 1, "--finetune-epochs", 1,
+                                  "--percent", "0.5", "--sparsity", "1e-2", "--repeats", 0,
+                                  "--save", root, *SYN)]) == 0
     return root
 
 
@@ -173,7 +185,7 @@ def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, checkpoint, pipel
 
 # --------------------------------------------------------------------------- the decode cache
 
-def test_a_damaged_decode_cache_is_rebuilt_by_the_next_run(tmp_path):
+def test_a_damaged_decode_cache_is_rebuilt_by_the_next_run(tmp_path, capsys, monkeypatch):
     from PIL import Image
 
     g = torch.Generator().manual_seed(0)
@@ -183,13 +195,11 @@ def test_a_damaged_decode_cache_is_rebuilt_by_the_next_run(tmp_path):
             for i in range(4):
                 pixels = torch.randint(0, 256, (32, 32, 3), generator=g, dtype=torch.uint8)
                 Image.fromarray(pixels.numpy()).save(tmp_path / "data" / split / c / f"{i}.png")
-    env = {**ENV, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
     def train(save):
-        return subprocess.run([sys.executable, "-m", "slimming", "train", "--cfg", TINY, "--epochs", "1",
-                               "--dataset", "imagefolder", "--data-root", str(tmp_path / "data"),
-                               "--cpu", "--save", str(tmp_path / save)],
-                              env=env, capture_output=True, text=True, timeout=120)
+        return cli(capsys, "train", "--cfg", TINY, "--epochs", "1", "--dataset", "imagefolder",
+                   "--data-root", tmp_path / "data", "--cpu", "--save", tmp_path / save)
 
     first = train("a")
     assert first.returncode == 0 and "decoded 16 images" in first.stderr, first.stderr
