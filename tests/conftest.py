@@ -1,4 +1,5 @@
 import copy
+import os
 import random
 import struct
 import zlib
@@ -11,6 +12,12 @@ from torch import nn
 from slimming import models
 
 TINY_VGG = [8, "M", 16, "M", 16, 16, "M", 24, "M", 24]  # 32x32 in, fast on a CPU
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: N workers share the cores, so each one
+    # computes on one thread, and so do the processes it starts (threads on more threads than
+    # cores spin and wait on each other: the suite took four times as long)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 
 def randomize_bn(model: nn.Module, gen: torch.Generator, zero_frac: float = 0.0) -> None:

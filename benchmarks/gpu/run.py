@@ -110,10 +110,11 @@ def slimming(*argv, timeout: float, log: Path, **kw) -> dict:
 # --------------------------------------------------------------------------- step 1: correctness
 
 def correctness(a, budget: float) -> dict:
-    """``pytest -m cuda`` (pytest.ini adds -q): the counts of its last line, the failing tests."""
+    """``pytest -m cuda`` in one process (``-o addopts=`` drops pytest.ini's workers, and needs no
+    pytest-xdist on the GPU machine): the counts of its last line, the failing tests."""
     out, where = a.work / "pytest.out", ["tests/test_cuda.py"] if a.smoke else []  # smoke: the parsing
-    r = run_cmd([sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", "--durations=8",
-                 *where], budget, a.log, out)
+    r = run_cmd([sys.executable, "-m", "pytest", "-o", "addopts=", "-m", "cuda", "-p", "no:cacheprovider",
+                 "--durations=8", *where], budget, a.log, out)
     text = out.read_text(errors="replace")
     last = [line for line in text.splitlines() if re.search(r"\d+ (passed|failed|skipped|deselected)", line)]
     r["counts"] = {k.replace("errors", "error"): int(n) for n, k in re.findall(
