@@ -90,12 +90,15 @@ class SparsityController:
       far over, lowered a little when just over, since a pull lowered too far lets the gammas
       it holds at zero drift back over the bound once the strength may no longer rise.
     - Near the target (a fifth of F or more under the bound), also never more than
-      2^clip(2 (F - f') / F, -1, 1), where f' is the fraction the trend since the last check
-      heads for by the next one: the gammas cross in bulk and fast there (36% -> 52% -> 65% in
-      two checks of a 6-epoch run, with the strength held because 52% was in the band), and
-      what crosses past the target at a high learning rate does not come back once it has
-      fallen. So the strength rises by x2 at most while far under, a little when close, and
-      falls before the bulk has crossed, not after.
+      2^clip(g (F - f') / F, -1, 1), where f' is the fraction the trend since the last check
+      heads for by the next one, g = 2 under F and 8 over it; held only while f' is in
+      [F - tolerance, F] and the fraction within ``tolerance`` of F. The gammas cross in bulk
+      and fast there (36% -> 52% -> 65% in two checks of a 6-epoch run, with the strength held
+      because 52% was in the band), and a channel whose gamma reached zero stays there however
+      weak the pull becomes (a 12-epoch run crept from 50% to 56% in five checks while its
+      strength was lowered by x0.9 a check). So the strength rises by x2 at most while far
+      under, a little when close, and falls fast as soon as the fraction heads over F: an
+      undershoot is made up by the next raise, an overshoot never.
     - Never raised past bound / (2 lr), a pull of half the bound a step (SGD): a gamma the L1
       term holds at zero then stays under the bound, and a target the network cannot reach
       without its useful channels does not make the strength run away.
@@ -157,7 +160,12 @@ class SparsityController:
         if fraction >= 0.2 * self.target:  # near: never more than the trend to the target allows
             since = max(step - self.last_step, 1)
             heading = fraction + (fraction - self.last_fraction) * self.interval / since
-            factor = min(factor, 2.0 ** max(-1.0, min(1.0, 2.0 * (self.target - heading) / self.target)))
+            gain = 2.0 if heading < self.target else 8.0  # an overshoot stays: lowered fast
+            if self.target - self.tolerance <= heading <= self.target and abs(fraction - self.target) <= \
+                    self.tolerance:
+                factor = min(factor, 1.0)  # there, and staying: held (not raised by a q that rose)
+            else:
+                factor = min(factor, 2.0 ** max(-1.0, min(1.0, gain * (self.target - heading) / self.target)))
         if not self.high_lr:
             factor = min(factor, 1.0)
         self.last_q, self.last_fraction, self.last_step = q, fraction, step
