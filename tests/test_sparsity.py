@@ -116,10 +116,11 @@ def steered(start: float, target: float, epochs: int = 5, steps: int = 200, n: i
 
 
 @pytest.mark.parametrize("start", [1e-5, 1e-4, 1e-3, 1e-2])
-@pytest.mark.parametrize("target,epochs", [(0.3, 5), (0.5, 5), (0.6, 8)])
+@pytest.mark.parametrize("target,epochs", [(0.3, 5), (0.5, 5), (0.5, 6), (0.6, 8), (0.5, 12), (0.3, 12)])
 def test_the_controller_reaches_its_target_from_any_start(start, target, epochs):
     """The issue-16 promise: within 0.05 of F from any start in [1e-5, 1e-2], in runs as short
-    as 5 epochs, and never a raise once the learning rate is under half its peak."""
+    as 5 epochs and as long as 12 (issue 24: the long runs overshot), and never a raise once
+    the learning rate is under half its peak."""
     fraction, checks = steered(start, target, epochs, seed=int(start * 1e6) + epochs)
     assert abs(fraction - target) <= 0.05, (fraction, checks)
     assert all(factor <= 1 for lr, factor in checks if lr < 0.05)
