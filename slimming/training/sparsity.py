@@ -82,9 +82,9 @@ class SparsityController:
       30x or 1000x too low is found in a few checks, not a few epochs, and one too high is
       lowered before it has pulled every gamma to zero. Since both rates are measured, not
       modelled, the loss's pull against the L1 term is accounted for. Past ``reach`` and still
-      short of the target, it is never lowered. A q that rose since the last check (the loss
-      pushing back at a strength just lowered) doubles the strength; x4 there made the strength
-      swing between x4 and x1/2 around the right one.
+      short of the target, it is not lowered here (the rule near F may). A q that rose since
+      the last check (the loss pushing back at a strength just lowered) doubles the strength;
+      x4 there made the strength swing between x4 and x1/2 around the right one.
     - q under the bound: held while the fraction under it is at most F + ``tolerance`` (0.02);
       above, scaled by 2^-clip(8 e / F, 0, 1) for an excess e over F + tolerance: halved when
       far over, lowered a little when just over, since a pull lowered too far lets the gammas
@@ -104,8 +104,8 @@ class SparsityController:
       without its useful channels does not make the strength run away.
 
     The strength starts from ``--sparsity``. The first check of each epoch compares with q and
-    the fraction at the epoch's start, so a run resumed at an epoch boundary steers exactly as one that was
-    not stopped (given the saved strength and peak learning rate).
+    the fraction at the epoch's start, so a run resumed at an epoch boundary steers exactly as
+    one that was not stopped (given the saved strength and peak learning rate).
     """
 
     def __init__(self, target: float, bound: float = SPARSE_BOUND, reach: float = 0.4, checks: int = 10,
@@ -155,14 +155,14 @@ class SparsityController:
             need = (q - self.bound) / left
             seen = (self.last_q - q) / max(step - self.last_step, 1)
             factor = 2.0 if seen <= 0 else min(4.0, max(0.5, need / seen))
-            if self.epoch_start + step >= self.goal_step:  # late and still short: never lowered
+            if self.epoch_start + step >= self.goal_step:  # late and short: not lowered (but near F)
                 factor = max(factor, 1.0)
         if fraction >= 0.2 * self.target:  # near: never more than the trend to the target allows
             since = max(step - self.last_step, 1)
             heading = fraction + (fraction - self.last_fraction) * self.interval / since
             gain = 2.0 if heading < self.target else 8.0  # an overshoot stays: lowered fast
-            if self.target - self.tolerance <= heading <= self.target and abs(fraction - self.target) <= \
-                    self.tolerance:
+            there = abs(fraction - self.target) <= self.tolerance
+            if there and self.target - self.tolerance <= heading <= self.target:
                 factor = min(factor, 1.0)  # there, and staying: held (not raised by a q that rose)
             else:
                 factor = min(factor, 2.0 ** max(-1.0, min(1.0, gain * (self.target - heading) / self.target)))
