@@ -35,8 +35,8 @@ setup(
         "onnx": ONNX,
         "timm": TIMM,  # timm models: --arch timm:NAME
         # the tests execute the notebook and check every export format
-        "dev": ["pytest>=7", "pytest-xdist>=3.0.2", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5", "ipykernel>=6", *PLOT, *ONNX,
-                *TIMM, *SMP],
+        "dev": ["pytest>=7", "pytest-xdist>=3.0.2", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5",
+                "ipykernel>=6", *PLOT, *ONNX, *TIMM, *SMP],
     },
     entry_points={"console_scripts": ["slimming=slimming.cli:main"]},
 )
