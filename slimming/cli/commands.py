@@ -144,30 +144,34 @@ def shape_options(args) -> dict:
             "importance": get_importance(getattr(args, "importance", "bn-max"))}
 
 
-def recalibrate(args, ckpt: dict, model: nn.Module, device: torch.device) -> None:
+def recalibrate(args, model: nn.Module, data, device: torch.device) -> None:
     """``--recalibrate-bn N``: the pruned network's BatchNorm statistics, re-estimated on N
-    batches of the data the checkpoint was trained on (or the data flags given)."""
-    default_data(args, ckpt)
-    train_loader, _, _ = loaders(args, device, image_size=native_size(ckpt["arch"]))
-    seen = recalibrate_bn(model, train_loader, args.recalibrate_bn, device)
+    batches of ``data`` (the loaders of the checkpoint's data, or of the data flags given)."""
+    seen = recalibrate_bn(model, data[0], args.recalibrate_bn, device)
     print(f"BatchNorm statistics re-estimated on {seen:,} training images ({args.dataset})")
 
 
-def accuracy_after_cut(args, ckpt: dict, model: nn.Module, device: torch.device) -> None:
-    """The pruned network's test accuracy right after the cut, before any fine-tune, when the
-    data is at hand: the data flags given (an error if they do not read), or the checkpoint's
-    own dataset where it already is (nothing is downloaded for it; a line says why not)."""
+def prune_data(args, ckpt: dict, device: torch.device):
+    """The loaders ``prune`` reads after the cut: --recalibrate-bn needs them (an error if they
+    do not read); the accuracy right after the cut takes them when at hand: the data flags
+    given (an error too), or the checkpoint's own dataset where it already is (nothing is
+    downloaded for it). None, and a line that says why, where they are not."""
     given = args.dataset is not None or args.data_root is not None or args.download
     default_data(args, ckpt)
     try:
-        _, test_loader, _ = loaders(args, device, image_size=native_size(ckpt["arch"]))
+        return loaders(args, device, image_size=native_size(ckpt["arch"]))
     except DataError as e:
-        if given:
+        if given or args.recalibrate_bn:
             raise
         print(f"accuracy right after the cut: not measured ({first_line(e, 100)}; give --dataset and "
               "--data-root, or --no-eval)")
-        return
-    m = evaluate(model, test_loader, device)
+        return None
+
+
+def accuracy_after_cut(args, ckpt: dict, model: nn.Module, data, device: torch.device) -> None:
+    """The pruned network's test accuracy right after the cut, before any fine-tune, on the
+    test split of ``data``, beside the checkpoint's own."""
+    m = evaluate(model, data[1], device)
     was = ckpt.get("acc")
     before = f" (the checkpoint's: {was:.2f}%)" if isinstance(was, (int, float)) else ""
     print(f"accuracy right after the cut: {m['acc']:.2f}%{before}, on {m['count']:,} test images of "
@@ -224,10 +228,12 @@ def cmd_prune(args) -> None:
     elif result.compensation.get("layers"):
         print("compensation: not applied: folding did not bring the pruned network closer to the "
               "original (its cut gammas at zero) on random images; the paper's cut is kept")
+    evaluating = getattr(args, "eval", False)  # pipeline evaluates the saved file itself
+    data = prune_data(args, ckpt, device) if args.recalibrate_bn or evaluating else None
     if args.recalibrate_bn:
-        recalibrate(args, ckpt, result.model, device)
-    if getattr(args, "eval", False):
-        accuracy_after_cut(args, ckpt, result.model, device)
+        recalibrate(args, result.model, data, device)
+    if evaluating and data is not None:
+        accuracy_after_cut(args, ckpt, result.model, data, device)
     ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
                 if getattr(args, k) is not None), "--percent")
     for note in prune_warnings(model, result, args.min_channels, ask):

@@ -20,14 +20,14 @@ from ..version import __version__
 
 CONFIG_MAX_BYTES = 64 * 1024
 CONFIG_MAX_DEPTH = 4
+SHIPPED_ALIASES = {"resnet": "preresnet"}  # slimming.models.registry.ALIASES
 # the shipped names of the library's registries, by the module that holds each
 SHIPPED = {
     ("slimming.data.datasets", "DATASETS"): ("cifar10", "cifar100", "imagefolder", "synthetic"),
     ("slimming.pruning.importance", "CRITERIA"): ("bn-max", "bn-mean", "bn-sum"),
     ("slimming.models.registry", "FAMILIES"): ("densenet", "nin", "preresnet", "vgg"),
-    ("slimming.models.registry", "ALIASES"): ("resnet",),
+    ("slimming.models.registry", "ALIASES"): tuple(SHIPPED_ALIASES),
 }
-SHIPPED_ALIASES = {"resnet": "preresnet"}
 
 
 def registered(module: str, name: str) -> list[str]:
@@ -303,7 +303,7 @@ def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
     add_model_flags(p, "vgg", build=True)
     add_training_flags(p, epochs=160)
-    p.set_defaults(func="cmd_train")
+    p.set_defaults(func="commands.cmd_train")
 
 
 def add_prune_command(sub) -> None:
@@ -319,7 +319,7 @@ def add_prune_command(sub) -> None:
     g.add_argument("--save", type=Path, required=True, metavar="DIR", help="writes DIR/pruned.pth")
     g.add_argument("--overwrite", action="store_true", help="replace an existing pruned.pth")
     add_device_flags(p)
-    p.set_defaults(func="cmd_prune")
+    p.set_defaults(func="commands.cmd_prune")
 
 
 def add_finetune_command(sub) -> None:
@@ -327,7 +327,7 @@ def add_finetune_command(sub) -> None:
     add_checkpoint_flag(p)
     add_model_flags(p, None)
     add_training_flags(p, epochs=160, dataset=None)
-    p.set_defaults(func="cmd_finetune")
+    p.set_defaults(func="commands.cmd_finetune")
 
 
 def add_eval_command(sub) -> None:
@@ -336,7 +336,7 @@ def add_eval_command(sub) -> None:
     add_model_flags(p, None)
     add_data_flags(p, None)
     add_device_flags(p)
-    p.set_defaults(func="cmd_eval")
+    p.set_defaults(func="commands.cmd_eval")
 
 
 def add_stats_command(sub) -> None:
@@ -350,7 +350,7 @@ def add_stats_command(sub) -> None:
     add_repeats_flag(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_device_flags(p)
-    p.set_defaults(func="cmd_stats")
+    p.set_defaults(func="commands.cmd_stats")
 
 
 def add_sweep_command(sub) -> None:
@@ -373,7 +373,7 @@ def add_sweep_command(sub) -> None:
                    help="writes sweep.csv, sweep.json, sweep.md and sweep.png")
     add_data_flags(p, None)
     add_device_flags(p)
-    p.set_defaults(func="cmd_sweep")
+    p.set_defaults(func="commands.cmd_sweep")
 
 
 def add_export_command(sub) -> None:
@@ -390,7 +390,7 @@ def add_export_command(sub) -> None:
     g.add_argument("--atol", type=positive_float, default=1e-4, help="largest difference accepted")
     g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_device_flags(p)
-    p.set_defaults(func="cmd_export")
+    p.set_defaults(func="commands.cmd_export")
 
 
 def add_report_command(sub) -> None:
@@ -400,7 +400,7 @@ def add_report_command(sub) -> None:
                    help="package.module:function, when the run's network is your own code")
     add_repeats_flag(p)
     add_device_flags(p)
-    p.set_defaults(func="cmd_report")
+    p.set_defaults(func="commands.cmd_report")
 
 
 def add_pipeline_command(sub) -> None:
@@ -417,7 +417,7 @@ def add_pipeline_command(sub) -> None:
                    help="prune a share of the budget, fine-tune (--finetune-epochs each time), "
                    "repeat: N times (the paper's multi-pass scheme)")
     add_repeats_flag(p)
-    p.set_defaults(func="run_pipeline")
+    p.set_defaults(func="pipeline.run_pipeline")
 
 
 # --------------------------------------------------------------------------- config files
