@@ -171,12 +171,36 @@ RULES: dict[str, LayerRule] = {
     "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True),
     "frozen_bn": LayerRule(carries=BN_TENSORS),  # torchvision's FrozenBatchNorm2d: not trained
     "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}),
-    "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"}),
+    "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"},
+                                gated=True, scores=True),
     "scale": ScaleRule(),
 }
 MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn"}  # type (or class name) -> kind
 _RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
             (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"))
+
+
+# the layers whose per-channel scale network slimming ranks and trains sparse (its "scaling
+# factors"): besides these, any kind whose rule ``scores`` (a registered layer)
+FACTOR_TYPES: tuple[type, ...] = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)
+
+
+def is_factor_layer(module: nn.Module) -> bool:
+    """Whether ``module``'s per-channel ``weight`` is a slimming factor: a BatchNorm or a
+    GroupNorm (scored by whole groups), or a registered kind whose rule ``scores``; a frozen
+    BatchNorm (not trained) is not."""
+    kind = module_kind(module)
+    return RULES[kind].scores if kind is not None else isinstance(module, FACTOR_TYPES)
+
+
+def factor_width(module: nn.Module) -> int:
+    """The number of channels a factor layer scales (``num_features``, ``num_channels``, or its
+    weight's length)."""
+    for attr in ("num_features", "num_channels"):
+        value = getattr(module, attr, None)
+        if isinstance(value, int):
+            return value
+    return module.weight.numel()
 
 
 def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> str:

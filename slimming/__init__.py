@@ -1,6 +1,7 @@
 """slimming: network slimming (Liu et al., ICCV 2017) for PyTorch.
 
-Train with an L1 penalty on BatchNorm gammas (``BNSparsity``), cut the channels under a global
+Train with an L1 penalty on the scaling factors, the BatchNorm and GroupNorm gammas
+(``Sparsity``, also known as ``BNSparsity``), cut the channels under a global
 |gamma| threshold (``prune``), fine-tune, and reload any checkpoint with ``load_model``. Every
 mistake in the input raises ``SlimmingError`` (a ValueError) with a one-line message.
 
@@ -28,7 +29,8 @@ API = {
     "count_flops": "measure.stats", "count_params": "measure.stats", "model_stats": "measure.stats",
     "LayerRule": "models.layers", "register_layer": "models.layers",
     "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
-    "prunable_bns": "pruning.select", "BNSparsity": "training.sparsity",
+    "prunable_bns": "pruning.select", "prunable_factors": "pruning.select",
+    "BNSparsity": "training.sparsity", "Sparsity": "training.sparsity",
     "add_l1_subgradient": "training.sparsity",
 }
 MODULES = {"importance": "pruning.importance", **{part: part for part in (
@@ -101,8 +103,8 @@ class _Package(types.ModuleType):
 sys.meta_path.append(_OldPaths())
 sys.modules[__name__].__class__ = _Package
 
-__all__ = ["__version__", "BNSparsity", "importance", "CheckpointError", "DataError", "LayerRule",
+__all__ = ["__version__", "BNSparsity", "Sparsity", "importance", "CheckpointError", "DataError", "LayerRule",
            "PruneResult", "SlimmingError", "register_layer",
            "add_l1_subgradient", "channel_masks", "checkpoint_dict", "count_flops", "count_params",
-           "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prune",
-           "save_checkpoint", "save_pruned"]
+           "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prunable_factors",
+           "prune", "save_checkpoint", "save_pruned"]

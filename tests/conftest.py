@@ -35,31 +35,33 @@ def randomize_bn(model: nn.Module, gen: torch.Generator, zero_frac: float = 0.0)
 
 
 def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.5) -> None:
-    """Gammas as sparsity training leaves them, in every BatchNorm: a fraction ``small`` near
-    zero (1e-3 of their size), the rest in (0.1, 1), signs mixed; random betas and running
-    statistics."""
+    """Gammas as sparsity training leaves them, in every BatchNorm and GroupNorm: a fraction
+    ``small`` near zero (1e-3 of their size), the rest in (0.1, 1), signs mixed; random betas
+    and running statistics."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                n = m.num_features
+            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)) and m.weight is not None:
+                n = m.weight.numel()
                 w = (torch.rand(n, generator=g) * 0.9 + 0.1) * torch.sign(torch.randn(n, generator=g))
                 w[torch.rand(n, generator=g) < small] *= 1e-3
                 m.weight.copy_(w)
                 m.bias.copy_(torch.randn(n, generator=g) * 0.3)
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
                 m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
 
 
 def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
-    """A copy of ``model`` with gamma and beta zeroed where ``masks`` (BN name -> keep) cut:
-    what a pruned network must equal."""
+    """A copy of ``model`` with gamma and beta zeroed where ``masks`` (factor layer name ->
+    keep: a BatchNorm, a GroupNorm) cut: what a pruned network must equal."""
     z = copy.deepcopy(model)
     with torch.no_grad():
         for name, keep in masks.items():
-            bn = z.get_submodule(name)
-            bn.weight[~keep] = 0
-            bn.bias[~keep] = 0
+            layer = z.get_submodule(name)
+            for t in (layer.weight, layer.bias):
+                if t is not None:
+                    t[~keep] = 0
     return z
 
 

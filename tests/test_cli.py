@@ -322,7 +322,7 @@ def test_prune_warns_of_the_guard_and_of_a_model_without_sparsity(tmp_path, caps
     assert code == 0 and len(lines) == 2, err
     assert all(x.startswith("slimming prune: warning: ") for x in lines), err
     assert "feature.1" in lines[0] and "--min-channels guard" in lines[0]
-    assert "0.0% of the BatchNorm |gamma| are under 0.01" in lines[1] and "--sparsity" in lines[1]
+    assert "0.0% of the |gamma| (scaling factors) are under 0.01" in lines[1] and "--sparsity" in lines[1]
     with torch.no_grad():
         for bn in model.prunable_bns():
             bn.weight[: bn.num_features // 2] = 1e-4  # sparsity-trained: half the channels near 0

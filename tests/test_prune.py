@@ -213,7 +213,7 @@ def test_prune_warns_as_the_command_line_does_of_a_model_without_sparsity():
         warnings.simplefilter("always")
         prune(model, percent=0.5)
     notes = [str(w.message) for w in dense if "little sparsity" in str(w.message)]
-    assert len(notes) == 1 and "0.0% of the BatchNorm |gamma| are under 0.01 but" in notes[0]
+    assert len(notes) == 1 and "0.0% of the |gamma| (scaling factors) are under 0.01 but" in notes[0]
     with torch.no_grad():
         for bn in model.prunable_bns():
             bn.weight[: bn.num_features // 2] = 1e-4

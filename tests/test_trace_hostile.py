@@ -862,7 +862,8 @@ def test_a_groupnorm_is_cut_by_whole_groups_and_loads_back(tmp_path):
     kept = result.masks["a.1"].view(4, 8)  # the GroupNorm's 4 groups of 8
     assert (kept.all(1) | ~kept.any(1)).all() and not kept.all()
     assert result.model.gn.num_groups == int(kept.all(1).sum())
-    assert result.masks["b.1"].all()  # read by a GroupNorm with a bias: kept
+    assert torch.equal(result.masks["b.1"], result.masks["gn2"])  # one group: BN and GroupNorm alike
+    assert result.masks["gn2"].all()  # scored by the largest |gamma|: gn2's, all still 1
     slimming.save_pruned(result.model, tmp_path / "gn.pth")
     loaded = slimming.load_pruned(tmp_path / "gn.pth", PATTERNS["GroupNormed"]()).eval()
     assert loaded.gn.num_groups == result.model.gn.num_groups

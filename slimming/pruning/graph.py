@@ -8,18 +8,19 @@ channels made by one producer (a convolution's or linear layer's outputs, the in
 Element-wise ops, pooling and activations pass the map on; a depthwise convolution passes it
 on (and is cut with it); a concatenation joins maps; a residual addition, or an element-wise
 product such as squeeze-and-excitation's, *ties* the spaces of its operands (union-find):
-their channels must be cut together. A set of tied spaces is a ``Group``; every BatchNorm
-reading one of its channels scores that channel. A ``chunk`` of a whole space *refines* it into
+their channels must be cut together. A set of tied spaces is a ``Group``; every scaling factor
+(a BatchNorm's or GroupNorm's weight, ``slimming.models.layers.is_factor_layer``) reading one of
+its channels scores that channel. A ``chunk`` of a whole space *refines* it into
 its pieces, each a space of its own that may be tied on its own (the C2f block of YOLO-style
 detectors adds to one half only).
 
 A group may lose channels only if the pruned network equals the original with those
-channels' gamma and beta zeroed in every BatchNorm of the group. What would break that is
-*pinned*: positions of a group that are always kept. Pinned are the input, the model's
+channels' gamma and beta zeroed in every factor layer (BatchNorm, GroupNorm) of the group. What
+would break that is *pinned*: positions of a group that are always kept. Pinned are the input, the model's
 outputs, modules in ``ignore``, the positions before a channel slice's fixed bound (``x[:, :c]``
 in the pruned network must still mean the same channels), splits by fixed sizes, tensors tied
-by an op that cannot tie them channel by channel, channels something other than a BatchNorm
-reads raw (before a BatchNorm of the group has zeroed them), and groups no BatchNorm scores.
+by an op that cannot tie them channel by channel, channels something other than a factor layer
+reads raw (before a factor layer of the group has zeroed them), and groups no factor scores.
 A group with every position pinned is locked (``prunable`` False, ``reason`` says why).
 Some sets of positions must keep equal counts (``equal``): the blocks of a grouped convolution
 (cut by equal counts in every group, so that it stays a grouped convolution), the pieces of a
@@ -44,7 +45,7 @@ class GraphError(SlimmingError):
 @dataclass
 class Seg:
     """``length`` channels of space ``space`` from ``start``; ``gated``: zero once the group's
-    BatchNorms are zeroed (the output of one, or of zero-preserving ops on one)."""
+    factors are zeroed (the output of a BatchNorm or GroupNorm, or of zero-preserving ops on one)."""
 
     space: int
     start: int
@@ -125,9 +126,10 @@ class Kept:
 
 @dataclass
 class Group:
-    """Tied spaces of ``size`` channels each. ``bns``: (BatchNorm name, first position in that
-    BN, first channel of the group, count): the scores. ``pinned``: positions always kept (None:
-    none). ``prunable`` False: every position is pinned, ``reason`` says why."""
+    """Tied spaces of ``size`` channels each. ``bns``: (factor layer name, first position in
+    that layer, first channel of the group, count): the scores (BatchNorms, GroupNorms).
+    ``pinned``: positions always kept (None: none). ``prunable`` False: every position is
+    pinned, ``reason`` says why."""
 
     size: int
     spaces: list[int]
@@ -143,7 +145,7 @@ class Group:
         names = sorted({b[0] for b in self.bns})
         shown = ", ".join(names[:3]) + (f", ... ({len(names)})" if len(names) > 3 else "")
         state = "prunable" if self.prunable else f"kept: {self.reason}"
-        return f"Group({self.size} channels, {pinned} pinned, BatchNorms [{shown}], {state})"
+        return f"Group({self.size} channels, {pinned} pinned, factors [{shown}], {state})"
 
     def free(self) -> torch.Tensor:
         """The positions selection may cut (bool, ``size``)."""
@@ -181,8 +183,7 @@ class ChannelGraph:
         self.sides: dict[tuple[str, str], list[Map]] = {}  # (module, "in" / "out") -> those maps
         # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
         self.group_counts: dict[str, list[tuple[int, Map]]] = {}
-        self.bn_order = {name: i for i, (name, m) in enumerate(model.named_modules())
-                         if isinstance(m, nn.modules.batchnorm._BatchNorm)}
+        self.order = {name: i for i, (name, _) in enumerate(model.named_modules())}
 
     def __repr__(self) -> str:
         groups = self.groups()
@@ -202,7 +203,7 @@ class ChannelGraph:
         return new
 
     def kept_summary(self, limit: int = 6) -> str:
-        """One line: by module type, the ops that kept channels a BatchNorm scores (and how
+        """One line: by module type, the ops that kept channels a factor scores (and how
         many such channels, each counted once); empty when none did."""
         scored = set()
         for use in self.uses:
@@ -370,7 +371,7 @@ class ChannelGraph:
         return a.with_gate(False)
 
     def groups(self) -> list[Group]:
-        """The groups, ordered by their first BatchNorm in ``modules()`` order (so that ties in
+        """The groups, ordered by their first factor layer in ``modules()`` order (so that ties in
         a global ranking break as the hand-written path breaks them)."""
         by_root: dict[int, Group] = {}
         for s in range(len(self.parent)):
@@ -412,17 +413,18 @@ class ChannelGraph:
             if not affine:
                 frozen = f": only FrozenBatchNorm2d layers ({', '.join(sorted(set(g.frozen)))}) read it, " \
                          "which are not trained, so not scored" if g.frozen else ""
-                pin(Seg(g.spaces[0], 0, g.size, False), "no BatchNorm scores it" + frozen)
+                pin(Seg(g.spaces[0], 0, g.size, False), "no scaling factor (BatchNorm, GroupNorm) scores it"
+                    + frozen)
         for name, m in readers:  # a reader must see zeros where we cut
             for seg in m.segs:
                 if not seg.gated:
-                    pin(seg, f"{name} reads it before any BatchNorm")
+                    pin(seg, f"{name} reads it before any BatchNorm or other scaling factor")
         for r, g in by_root.items():
             g.reasons = list(reasons.get(r, ()))
             if g.pinned is not None and bool(g.pinned.all()):
                 g.prunable, g.reason = False, g.reasons[0]
         groups = list(by_root.values())
-        groups.sort(key=lambda g: min((self.bn_order.get(b[0], 1 << 30) for b in g.bns),
+        groups.sort(key=lambda g: min((self.order.get(b[0], 1 << 30) for b in g.bns),
                                       default=1 << 30))
         return groups
 

@@ -28,11 +28,12 @@ from torch import nn
 from .. import models
 from ..errors import SlimmingError, first_line
 from ..models.common import BN_STATE
+from ..models.layers import factor_width, is_factor_layer
 from ..utils.modules import keep_slices, modes_kept, unwrap
 from . import budget, repair, surgery
 from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
-from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select
+from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
 from .trace import as_inputs, trace
 from .verify import check
 
@@ -131,12 +132,14 @@ class PruneResult:
     """What ``prune`` returns: the smaller network and how it was cut from the original."""
 
     model: nn.Module
-    cfg: list | dict  # a family's widths; for a traced network {BatchNorm name: width}
-    cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d of the original, modules() order
+    # a family's widths; for a traced network {factor layer name: width}, the factor layers being
+    # its BatchNorms and GroupNorms (``slimming.models.layers.is_factor_layer``)
+    cfg: list | dict
+    cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d (a family) or factor layer, modules() order
     threshold: float | None  # largest score removed (percent) or the threshold given
-    layer_names: list[str]  # the original's BatchNorm2d names, in cfg_mask order
-    guarded: list[str] = field(default_factory=list)  # BNs the min_channels guard refilled
-    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # BN name -> keep-mask
+    layer_names: list[str]  # the original's BatchNorm2d (or factor layer) names, in cfg_mask order
+    guarded: list[str] = field(default_factory=list)  # layers the min_channels guard refilled
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # factor layer name -> keep-mask
     layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     verified: float | None = None  # the check's largest relative difference (None: not checked)
@@ -152,7 +155,8 @@ class PruneResult:
             self.masks = dict(zip(self.layer_names, self.cfg_mask))
 
     def layer_table(self) -> list[tuple[str, int, int]]:
-        """(BN layer name, channels before, channels after) for every BatchNorm2d."""
+        """(layer name, channels before, channels after) for every BatchNorm2d (a family) or
+        factor layer (a traced network)."""
         return [(n, m.numel(), int(m.sum())) for n, m in zip(self.layer_names, self.cfg_mask)]
 
 
@@ -279,7 +283,7 @@ def _scores(importance, model: nn.Module, group: Group) -> torch.Tensor:
         raise SlimmingError(f"importance {importance!r} gave {got} for a group of {group.size} channels; "
                             f"it must give one score per channel (a 1-D tensor of {group.size})",
                             param="importance")
-    return s.detach().float().cpu()
+    return s.detach().float().cpu().clone()  # its own memory: whole_block_scores writes in it
 
 
 def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
@@ -297,9 +301,9 @@ def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
     cut = sum(b - a for _, b, a in result.layer_table()) / max(total, 1)
     if near_zero >= cut / 2:
         return None
-    return (f"only {100 * near_zero:.1f}% of the BatchNorm |gamma| are under {SPARSE_BOUND:g} but "
+    return (f"only {100 * near_zero:.1f}% of the |gamma| (scaling factors) are under {SPARSE_BOUND:g} but "
             f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, so this cuts "
-            "channels that still matter; sparsity training comes first (slimming.BNSparsity, or slimming "
+            "channels that still matter; sparsity training comes first (slimming.Sparsity, or slimming "
             "train --sparsity S, or --sparsity-target F to have S chosen)")
 
 
@@ -310,7 +314,7 @@ def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> 
     if not thin:
         return None
     n, b, a = min(thin, key=lambda t: t[2] / t[1])
-    return (f"{len(thin)} BatchNorm layer(s) keep under {share:.0%} of their channels ({n} keeps {a} of "
+    return (f"{len(thin)} layer(s) keep under {share:.0%} of their channels ({n} keeps {a} of "
             f"{b}): the network may be near chance until it is fine-tuned; max_layer_prune "
             "(--max-layer-prune) caps what one layer loses")
 
@@ -409,7 +413,7 @@ def _as_family(model: nn.Module, result: PruneResult) -> None:
     in the family's own form, where ``Net(cfg)`` rebuilds exactly the network the cut made (VGG,
     NIN), so that its checkpoint loads as the family's; else the per-BatchNorm dict stays."""
     prunable = {id(bn) for bn in scaled_prunable_bns(model)}
-    widths = [int(m.sum()) for (_, bn), m in zip(_bn_names(model), result.cfg_mask) if id(bn) in prunable]
+    widths = [int(result.masks[name].sum()) for name, bn in _bn_names(model) if id(bn) in prunable]
     try:
         cfg = model.pruned_cfg(widths)
         built = models.build(model.arch, cfg=cfg, empty=True, **model.options)
@@ -429,9 +433,10 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
     """Any network: trace its channel graph once, score the free channels of each prunable
     group; ``build`` puts the pinned channels back, evens out the equal-count blocks (grouped
     convolutions, chunks) and cuts a copy along the graph."""
-    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        raise SlimmingError("the model has no BatchNorm layer: there is nothing to slim (network "
-                            "slimming scores channels by their BatchNorm scale factors)")
+    factors = [(name, m) for name, m in model.named_modules() if is_factor_layer(m)]
+    if not factors:
+        raise SlimmingError("the model has no BatchNorm or GroupNorm layer: there is nothing to slim "
+                            "(network slimming scores channels by their scaling factors)")
     graph = trace(model, example, ignore, keep_whole, follow_sizes)
     everything = graph.groups()
     groups = [g for g in everything if g.prunable]
@@ -439,7 +444,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         raise GraphError(nothing_to_cut(model, everything))
     scores = [_scores(importance, model, g) for g in groups]
     blocks = graph.blocks()
-    bns = _bn_names(model)
+    whole_block_scores({graph.find(g.spaces[0]): s for g, s in zip(groups, scores)}, blocks)
 
     def build(masks, threshold, guarded) -> PruneResult:
         roots = {graph.find(g.spaces[0]): torch.ones(g.size, dtype=torch.bool) for g in everything}
@@ -452,15 +457,15 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         plan = surgery.plan(graph, roots)
         new = surgery.cut(model, plan, graph)
         widths = surgery.update_widths(new, graph, roots)
-        cfg_mask = [plan.get(name, {}).get("channels", torch.ones(bn.num_features, dtype=torch.bool))
-                    for name, bn in bns]
-        cfg = {name: int(m.sum()) for (name, _), m in zip(bns, cfg_mask)}
+        cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
+                    for name, m in factors]
+        cfg = {name: int(m.sum()) for (name, _), m in zip(factors, cfg_mask)}
         new.cfg = cfg
         layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
                   if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
         ranked = (sum(int(g.free().sum()) for g in groups),
                   sum(int((~roots[graph.find(g.spaces[0])][g.free()]).sum()) for g in groups))
-        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in bns],
+        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                            [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths,
                            ranked=ranked)
 
@@ -476,5 +481,6 @@ def nothing_to_cut(model: nn.Module, groups: list[Group]) -> str:
             for why in g.reasons[:1]:
                 counts[why] = counts.get(why, 0) + g.size
     reasons = sorted(counts, key=lambda w: -counts[w])
-    said = "; ".join(f"{w} ({counts[w]} channels)" for w in reasons[:3]) or "no BatchNorm scores any channel"
+    said = "; ".join(f"{w} ({counts[w]} channels)" for w in reasons[:3]) \
+        or "no scaling factor scores any channel"
     return f"no channel of {type(model).__name__} can be cut: {said}"

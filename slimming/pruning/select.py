@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, number
+from ..models.layers import is_factor_layer
 from ..utils.modules import unwrap
 
 SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity training"
@@ -32,6 +33,16 @@ def prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
     if hasattr(model, "prunable_bns"):
         return model.prunable_bns()
     return [m for m in model.modules() if isinstance(m, (nn.BatchNorm2d, nn.SyncBatchNorm))]
+
+
+def prunable_factors(model: nn.Module) -> list[nn.Module]:
+    """The layers whose per-channel scale (``weight``) network slimming ranks and ``Sparsity``
+    trains toward zero: a family's own ``prunable_bns()``; else every BatchNorm (1-D, 2-D, 3-D,
+    SyncBatchNorm) and GroupNorm with a scale (``slimming.models.layers.is_factor_layer``)."""
+    model = unwrap(model)
+    if hasattr(model, "prunable_bns"):
+        return model.prunable_bns()
+    return [m for m in model.modules() if is_factor_layer(m) and getattr(m, "weight", None) is not None]
 
 
 def channel_masks(model: nn.Module, percent: float | None = None, threshold: float | None = None,
@@ -112,6 +123,22 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
             masks[i] = torch.zeros_like(m)
             masks[i][order[:want]] = True
     return masks, threshold, guarded
+
+
+def whole_block_scores(scores: dict[int, torch.Tensor], constraints) -> None:
+    """In place: every channel of a block that is kept or cut whole (``"whole"``: a GroupNorm's
+    groups; blocks of (group, start, length) runs, ``scores`` by group) scores its block's mean,
+    so that the global ranking takes or leaves whole groups and a percent is met to within one
+    group (``equalize`` then rounds the one group left split)."""
+    for kind, blocks in constraints:
+        if kind != "whole":
+            continue
+        for block in blocks:
+            runs = [(r, s, n) for r, s, n in block if r in scores]
+            if runs:
+                mean = torch.cat([scores[r][s:s + n] for r, s, n in runs]).mean()
+                for r, s, n in runs:
+                    scores[r][s:s + n] = mean
 
 
 def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], constraints) -> None:

@@ -465,8 +465,9 @@ class _Walk(ChannelOps):
 
     def rule_group_norm(self, op, func, args, kwargs, out, inputs) -> None:
         """GroupNorm normalises each group of channels on its own: it carries the channels, cut
-        by whole groups (the others' statistics stay as they were); a group of zeros stays zero
-        unless its bias moves it."""
+        by whole groups (the others' statistics stay as they were). Its scale, a module's
+        weight, is a slimming factor: scored like a BatchNorm's gamma, and zero out where it and
+        the bias are zeroed; without one, a group of zeros stays zero unless a bias moves it."""
         x_t, x = inputs[0]
         given, name, attrs = self.owned(args, kwargs, (("weight", 2), ("bias", 3)))
         groups = arg(args, kwargs, 1, "num_groups")
@@ -480,9 +481,13 @@ class _Walk(ChannelOps):
                 name, attrs = self.stack[-1], {}  # affine=False: its num_groups still follows
         self.g.whole_blocks(x, groups)
         bias = given.get("bias")
+        if name is not None and (name in self.ignore or self.in_ignored()):
+            self.g.pin(x, f"{name} is in ignore")
         if name is not None:
             self.again(name, x)
             self.g.uses.append(Use(name, "group_norm", x, attrs))
+        if name is not None and "weight" in attrs:
+            return self.set(out, x.with_gate(True))
         self.set(out, x.with_gate(None if bias is None or not bool(bias.ne(0).any()) else False))
 
     def rule_instance_norm(self, op, func, args, kwargs, out, inputs) -> None:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..errors import SlimmingError, TrainingError  # noqa: F401 (TrainingError: re-exported)
 from .distributed import DistInfo, all_reduce_sum
 from .saver import CheckpointSaver
-from .sparsity import SPARSE_BOUND, BNSparsity, SparsityController
+from .sparsity import SPARSE_BOUND, Sparsity, SparsityController
 
 PROGRESS_S = 10.0  # seconds between progress lines when the output is a log, not a terminal
 
@@ -120,7 +120,7 @@ class Trainer:
     ``label_smoothing``), computed in float32 on the float32 logits."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                 device: torch.device, *, sparsity: BNSparsity | None = None,
+                 device: torch.device, *, sparsity: Sparsity | None = None,
                  amp_dtype: torch.dtype | None = None, grad_clip: float = 0.0,
                  label_smoothing: float = 0.0, channels_last: bool = False,
                  dist: DistInfo | None = None, controller: SparsityController | None = None,
@@ -232,7 +232,7 @@ class Trainer:
         if saver is None and save_dir is not None:
             saver = CheckpointSaver(save_dir, extra)
         bound = self.controller.bound if self.controller is not None else SPARSE_BOUND
-        probe = self.sparsity or BNSparsity(self.model, 0.0)  # reports the |gamma| fraction
+        probe = self.sparsity or Sparsity(self.model, 0.0)  # reports the |gamma| fraction
         row: dict[str, Any] = {}
         for epoch in range(start_epoch, epochs):
             start = time.perf_counter()

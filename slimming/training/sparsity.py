@@ -1,13 +1,14 @@
-"""The sparsity term of network slimming: an L1 penalty on the BatchNorm scale factors (gammas).
+"""The sparsity term of network slimming: an L1 penalty on the scaling factors (the gammas of
+the BatchNorms and GroupNorms, ``slimming.prunable_factors``).
 
 The penalty ``S * sum(|gamma|)`` is not added to the loss; its subgradient ``S * sign(gamma)``
 is added to the gammas' gradients after ``backward()`` and before ``optimizer.step()``. With
 mixed precision, call it after ``scaler.unscale_(optimizer)`` so that S does not depend on the
 loss scale. In your own training loop::
 
-    sparsity = slimming.BNSparsity(model, strength=1e-4)
+    sparsity = slimming.Sparsity(model, strength=1e-4)
     loss.backward()
-    sparsity.apply()          # grad += 1e-4 * sign(gamma) for every prunable BN
+    sparsity.apply()          # grad += 1e-4 * sign(gamma) for every scaling factor
     optimizer.step()
 """
 
@@ -20,7 +21,7 @@ from torch import nn
 
 from ..errors import SlimmingError, number
 from ..pruning.graph import ignored_names
-from ..pruning.select import SPARSE_BOUND, prunable_bns
+from ..pruning.select import SPARSE_BOUND, prunable_factors
 
 
 def add_l1_subgradient(params: list[torch.Tensor], strength: float) -> None:
@@ -36,18 +37,19 @@ def add_l1_subgradient(params: list[torch.Tensor], strength: float) -> None:
         torch._foreach_add_([p.grad for p in with_grad], signs, alpha=strength)
 
 
-class BNSparsity:
-    """Applies the L1 subgradient to the gammas of ``model``'s prunable BatchNorm layers, but
-    those inside ``ignore`` (module names or types, as ``slimming.prune`` takes them: the
-    detection head you will keep whole need not be made sparse)."""
+class Sparsity:
+    """Applies the L1 subgradient to ``model``'s scaling factors (``prunable_factors``: the
+    gammas of its BatchNorms and GroupNorms, or a family's prunable BatchNorms), but those
+    inside ``ignore`` (module names or types, as ``slimming.prune`` takes them: the detection
+    head you will keep whole need not be made sparse)."""
 
     def __init__(self, model: nn.Module, strength: float, ignore=()):
         number(strength, "strength", low=0)  # nan, inf and True would poison every step
         self.strength = strength
         skip = {id(m) for name, m in model.named_modules() if name in ignored_names(model, ignore)} \
             if ignore else set()
-        self.params = [bn.weight for bn in prunable_bns(model) if bn.weight is not None
-                       and id(bn) not in skip]
+        self.params = [m.weight for m in prunable_factors(model) if m.weight is not None
+                       and id(m) not in skip]
 
     def apply(self) -> None:
         add_l1_subgradient(self.params, self.strength)
@@ -59,6 +61,9 @@ class BNSparsity:
             return 0.0
         g = torch.cat([p.detach().abs().flatten() for p in self.params])
         return (g < bound).float().mean().item()
+
+
+BNSparsity = Sparsity  # the name it had while BatchNorms were the only factors
 
 
 class SparsityController:

@@ -34,7 +34,7 @@ from .runs import (
     plain_args,
 )
 from .saver import CheckpointSaver
-from .sparsity import BNSparsity, SparsityController
+from .sparsity import Sparsity, SparsityController
 
 
 def seed_everything(seed: int | None, deterministic: bool = False) -> None:
@@ -185,7 +185,7 @@ def make_trainer(config: TrainConfig, model: nn.Module, device: torch.device, di
     optimizer = make_optimizer(model, config.opt, config.lr, config.momentum, config.weight_decay,
                                config.nesterov, config.no_wd_bn)
     scheduler = make_scheduler(optimizer, config.epochs, config.sched, config.warmup_epochs)
-    sparsity = BNSparsity(model, config.sparsity) if config.sparsity > 0 else None
+    sparsity = Sparsity(model, config.sparsity) if config.sparsity > 0 else None
     controller = SparsityController(config.sparsity_target) if config.sparsity_target and sparsity else None
     net = model
     if dist.enabled:
