@@ -122,3 +122,24 @@ def test_a_network_without_any_scaling_factor_is_refused_in_one_line():
     with pytest.raises(slimming.SlimmingError, match="no BatchNorm or GroupNorm layer") as e:
         slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16))
     assert "\n" not in str(e.value)
+
+
+def test_a_groupnorm_network_from_the_command_line(tmp_path, capsys):
+    """train --sparsity on GroupNorm gammas; prune cuts whole groups and saves a file that eval
+    rebuilds (timm's test EfficientNet with GroupNorm, no BatchNorm at all)."""
+    pytest.importorskip("timm")
+    from slimming.cli import main
+
+    data = ["--dataset", "synthetic", "--cpu", "--batch-size", "128"]
+    arch = ["--arch", "timm:test_efficientnet_gn"]
+    assert main(["train", *arch, "--epochs", "1", "--sparsity", "1e-2", "--seed", "0",
+                 "--save", str(tmp_path / "t"), *data]) == 0
+    assert "|gamma|<1e-2" in capsys.readouterr().out  # the GroupNorm gammas, measured
+    trained = slimming.load_model(tmp_path / "t" / "last.pth")
+    assert main(["prune", "--checkpoint", str(tmp_path / "t" / "last.pth"), "--percent", "0.3",
+                 "--save", str(tmp_path / "p"), "--cpu", "--no-eval"]) == 0
+    out = capsys.readouterr().out
+    assert "BatchNorm / GroupNorm layers changed" in out and "checked: equals the original" in out
+    pruned = slimming.load_model(tmp_path / "p" / "pruned.pth")
+    assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in trained.parameters())
+    assert main(["eval", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), *data]) == 0

@@ -211,9 +211,9 @@ def cmd_prune(args) -> None:
         what = "FLOPs" if b["what"] == "flops" else "parameter"
         print(f"{what} budget {b['target']:.4g} ({100 * b['target'] / b['full']:.1f}% of "
               f"{b['full']:.4g}): {b['achieved']:.4g} achieved ({100 * b['achieved'] / b['full']:.2f}%)")
-    if isinstance(result.cfg, dict):  # a traced network: its widths per BatchNorm, in the file
+    if isinstance(result.cfg, dict):  # a traced network: its widths per factor layer, in the file
         changed = sum(1 for _, b, a in table if a != b)
-        print(f"widths of {changed} of {len(table)} BatchNorm layers changed (the file's cfg)")
+        print(f"widths of {changed} of {len(table)} BatchNorm / GroupNorm layers changed (the file's cfg)")
     else:
         print(f"cfg {result.cfg}")
     if result.verified is not None:

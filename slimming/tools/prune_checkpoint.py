@@ -13,7 +13,7 @@ from torch import nn
 from ..errors import SlimmingError
 from ..io.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint
 from ..pruning.prune import PruneResult, prune
-from ..pruning.select import prunable_bns
+from ..pruning.select import prunable_factors
 
 HOW = ("percent", "threshold", "target_flops", "target_params")
 LIMITS = (("min_channels", 1), ("round_to", 1), ("max_layer_prune", 1.0))
@@ -66,7 +66,7 @@ def prune_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "c
             raise SlimmingError(f"{how} prunes no channel once {given} put channels back: every layer "
                                 f"keeps all of its channels; lower {'them' if len(limits) > 1 else 'it'} "
                                 "or cut more", param=(asked, *limits))
-        smallest = min(bn.weight.detach().abs().min().item() for bn in prunable_bns(model))
+        smallest = min(bn.weight.detach().abs().min().item() for bn in prunable_factors(model))
         raise SlimmingError(f"{how} prunes no channel (smallest prunable |gamma| {smallest:.4g}): "
                             "nothing to save; raise it", param=asked)
     return PrunedCheckpoint(result, model, ckpt, str(path), options.get("percent"))

@@ -33,7 +33,7 @@ from ..errors import SlimmingError, clip
 from ..io.checkpoint import load_checkpoint, model_from_checkpoint
 from ..measure.stats import input_size_of, model_stats
 from ..models import describe_cfg
-from ..pruning.select import prunable_bns
+from ..pruning.select import prunable_factors
 from ..utils.files import write_text
 from . import plots
 
@@ -207,9 +207,9 @@ def build_report(run: str | Path, latency_repeats: int = 10,
     report["prune_epoch"] = (sparse_rows[-1]["epoch"] if sparse_rows
                              else stages.get(SPARSE, {}).get("epochs"))
     report["gammas"] = {name: torch.cat([bn.weight.detach().abs().flatten()
-                                         for bn in prunable_bns(models[name])])
+                                         for bn in prunable_factors(models[name])])
                         for name in (SPARSE, BASELINE)
-                        if name in models and prunable_bns(models[name])}
+                        if name in models and prunable_factors(models[name])}
     return report
 
 
