@@ -158,6 +158,25 @@ class GroupNormRule(LayerRule):
         return changed
 
 
+@dataclass(frozen=True)
+class LayerNormRule(LayerRule):
+    """A LayerNorm over the channels (the last dim: ``normalized_shape`` of one): carries them,
+    its ``normalized_shape`` set to the kept count. Cutting a channel changes the statistics
+    the others are normalised by; what a cut promises is in ``slimming.pruning.norms``."""
+
+    def cut(self, module, keep, attrs=None, groups: int = 1) -> None:
+        super().cut(module, keep, attrs, groups)
+        if keep.get("channels") is not None:
+            module.normalized_shape = (int(keep["channels"].sum()),)
+
+    def resize(self, module, state_dict, prefix, path) -> bool:
+        changed = super().resize(module, state_dict, prefix, path)
+        w = state_dict.get(prefix + "weight")
+        if isinstance(w, torch.Tensor) and w.dim() == 1:
+            module.normalized_shape = (w.shape[0],)
+        return changed
+
+
 RULES: dict[str, LayerRule] = {
     "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
                      widths={"in_channels": "in", "out_channels": "out"}),
@@ -173,34 +192,42 @@ RULES: dict[str, LayerRule] = {
     "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}),
     "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"},
                                 gated=True, scores=True),
+    "layer_norm": LayerNormRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True),
     "scale": ScaleRule(),
 }
 MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn"}  # type (or class name) -> kind
 _RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
-            (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"))
+            (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"),
+            (nn.LayerNorm, "layer_norm"))
 
 
 # the layers whose per-channel scale network slimming ranks and trains sparse (its "scaling
 # factors"): besides these, any kind whose rule ``scores`` (a registered layer)
-FACTOR_TYPES: tuple[type, ...] = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)
+FACTOR_TYPES: tuple[type, ...] = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
 def is_factor_layer(module: nn.Module) -> bool:
-    """Whether ``module``'s per-channel ``weight`` is a slimming factor: a BatchNorm or a
-    GroupNorm (scored by whole groups), or a registered kind whose rule ``scores``; a frozen
-    BatchNorm (not trained) is not."""
+    """Whether ``module``'s per-channel ``weight`` is a slimming factor: a BatchNorm, a
+    GroupNorm (scored by whole groups), a LayerNorm over one dim (the channels: ConvNeXt's, a
+    transformer's embedding), or a registered kind whose rule ``scores``; a frozen BatchNorm
+    (not trained) is not."""
     kind = module_kind(module)
-    return RULES[kind].scores if kind is not None else isinstance(module, FACTOR_TYPES)
+    if kind is not None:
+        return RULES[kind].scores
+    if isinstance(module, nn.LayerNorm):
+        return len(module.normalized_shape) == 1
+    return isinstance(module, FACTOR_TYPES)
 
 
 def factor_width(module: nn.Module) -> int:
-    """The number of channels a factor layer scales (``num_features``, ``num_channels``, or its
-    weight's length)."""
+    """The number of channels a factor layer scales (``num_features``, ``num_channels``,
+    ``normalized_shape``, or its weight's length)."""
     for attr in ("num_features", "num_channels"):
         value = getattr(module, attr, None)
         if isinstance(value, int):
             return value
-    return module.weight.numel()
+    shape = getattr(module, "normalized_shape", None)
+    return shape[0] if shape else module.weight.numel()
 
 
 def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> str:

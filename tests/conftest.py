@@ -62,7 +62,24 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
             for t in (layer.weight, layer.bias):
                 if t is not None:
                     t[~keep] = 0
+    if any(isinstance(z.get_submodule(n), nn.LayerNorm) and not m.all() for n, m in masks.items()):
+        return KeptStatistics(z, masks)
     return z
+
+
+class KeptStatistics(nn.Module):
+    """A network whose LayerNorms that lose channels normalise over the kept ones (what a cut
+    LayerNorm promises: ``slimming.pruning.norms``)."""
+
+    def __init__(self, model: nn.Module, masks: dict[str, torch.Tensor]):
+        super().__init__()
+        self.model, self.masks = model, masks
+
+    def forward(self, *args):
+        from slimming.pruning.norms import kept_statistics
+
+        with kept_statistics(self.model, self.masks):
+            return self.model(*args)
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -119,7 +119,7 @@ def test_sparsity_trains_every_groupnorm_gamma_and_bnsparsity_is_the_same_term()
 
 def test_a_network_without_any_scaling_factor_is_refused_in_one_line():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
-    with pytest.raises(slimming.SlimmingError, match="no BatchNorm or GroupNorm layer") as e:
+    with pytest.raises(slimming.SlimmingError, match="no BatchNorm, GroupNorm or LayerNorm") as e:
         slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16))
     assert "\n" not in str(e.value)
 
@@ -143,3 +143,180 @@ def test_a_groupnorm_network_from_the_command_line(tmp_path, capsys):
     pruned = slimming.load_model(tmp_path / "p" / "pruned.pth")
     assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in trained.parameters())
     assert main(["eval", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), *data]) == 0
+
+
+# ---------------------------------------------------------------- LayerNorm over the channels
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """ConvNeXt's channels-first LayerNorm, as torchvision and timm write it: to channels-last,
+    F.layer_norm, back."""
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = nn.functional.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+class ConvNeXtBlock(nn.Module):
+    """torchvision's CNBlock: a depthwise 7x7, a channels-last LayerNorm, the pointwise MLP
+    (4x), a layer scale, a residual sum."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dw = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim, 1, 1), 0.5))
+
+    def forward(self, x):
+        y = self.dw(x).permute(0, 2, 3, 1)
+        y = self.fc2(nn.functional.gelu(self.fc1(self.norm(y)))).permute(0, 3, 1, 2)
+        return x + self.gamma * y
+
+
+class TinyConvNeXt(nn.Module):
+    """Stem (4x4 stride 4, LayerNorm2d), two stages of blocks joined by a LayerNorm2d and a 2x2
+    stride-2 convolution, a head of pool, LayerNorm, linear."""
+
+    def __init__(self, dims=(16, 32), num_classes=10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, dims[0], 4, 4), LayerNorm2d(dims[0], eps=1e-6))
+        self.stage1 = nn.Sequential(ConvNeXtBlock(dims[0]), ConvNeXtBlock(dims[0]))
+        self.down = nn.Sequential(LayerNorm2d(dims[0], eps=1e-6), nn.Conv2d(dims[0], dims[1], 2, 2))
+        self.stage2 = nn.Sequential(ConvNeXtBlock(dims[1]), ConvNeXtBlock(dims[1]))
+        self.norm, self.head = nn.LayerNorm(dims[1]), nn.Linear(dims[1], num_classes)
+
+    def forward(self, x):
+        x = self.stage2(self.down(self.stage1(self.stem(x))))
+        return self.head(self.norm(x.mean((2, 3))))
+
+
+class ViTBlock(nn.Module):
+    """A pre-norm transformer block as timm writes it: LayerNorm, fused qkv, heads, scaled dot
+    product attention, projection, residual; LayerNorm, MLP, residual."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.inner = dim
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        o = nn.functional.scaled_dot_product_attention(q, k, v)
+        x = x + self.proj(o.transpose(1, 2).reshape(b, n, self.inner))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+class TinyViT(nn.Module):
+    """Patch embedding (a strided convolution, flattened to tokens), a class token, a position
+    embedding, three blocks, a final LayerNorm, the class token's head."""
+
+    def __init__(self, dim: int = 24, heads: int = 3, num_classes: int = 10):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 8, 8)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, 17, dim) * 0.02)
+        self.blocks = nn.Sequential(*[ViTBlock(dim, heads) for _ in range(3)])
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+def _tv(name, **kw):
+    def build():
+        torchvision = pytest.importorskip("torchvision")
+        return torchvision.models.get_model(name, weights=None, num_classes=10, **kw)
+    return build
+
+
+def _timm_kw(name, **kw):
+    def build():
+        timm = pytest.importorskip("timm")
+        return timm.create_model(name, pretrained=False, num_classes=10, **kw)
+    return build
+
+
+LN_NETWORKS = {
+    "TinyConvNeXt": TinyConvNeXt, "TinyViT": TinyViT,
+    "torchvision convnext_tiny": _tv("convnext_tiny"), "timm convnext_atto": _timm_kw("convnext_atto"),
+    "timm vit_tiny_patch16_224": _timm_kw("vit_tiny_patch16_224", img_size=32, patch_size=8),
+    "timm swin (windows of 2)": _timm_kw("swin_tiny_patch4_window7_224", img_size=32, window_size=2,
+                                         embed_dim=24, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4)),
+}
+
+
+def layer_norms(model):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
+
+
+def sparse_layer_norms(model, seed):
+    """LayerNorm gammas as sparsity training leaves them (half near zero), random betas."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, m in layer_norms(model):
+            w = torch.rand(m.weight.shape, generator=g) * 0.9 + 0.1
+            w[torch.rand(w.shape, generator=g) < 0.5] *= 1e-3
+            m.weight.copy_(w * torch.sign(torch.randn(w.shape, generator=g)))
+            m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(LN_NETWORKS))
+def test_a_layernorm_network_is_cut_exactly_by_its_gammas(name, seed, tmp_path):
+    """ConvNeXt (both LayerNorm layouts, layer scale), vision transformers (class token,
+    position embedding, fused qkv), Swin (windows, shifts): the embedding is cut, and the pruned
+    network equals the original with the cut gammas and betas zeroed and each cut LayerNorm
+    normalising over its kept channels; saved and loaded back, it is the same network."""
+    torch.manual_seed(seed)
+    model = LN_NETWORKS[name]().eval()
+    sparse_layer_norms(model, seed)
+    percent = random.Random(seed).uniform(0.2, 0.5)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+    ranked, cut = result.ranked
+    assert cut == math.floor(percent * ranked) and cut > 0
+    for ln_name, ln in layer_norms(result.model):  # every LayerNorm set to its kept width
+        assert ln.normalized_shape == (ln.weight.numel(),) == (int(result.masks[ln_name].sum()),)
+    slimming.save_pruned(result.model, tmp_path / "ln.pth")
+    loaded = slimming.load_pruned(tmp_path / "ln.pth", LN_NETWORKS[name]()).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model(x))
+
+
+def test_a_cut_layernorm_normalises_over_its_kept_channels():
+    """The reference a LayerNorm's cut is held to, written out: the kept channels normalised by
+    their own mean and variance, scaled and shifted by their gamma and beta; the cut ones give
+    their beta (zero once the reference zeroes it)."""
+    from slimming.pruning.norms import kept_statistics
+
+    ln = nn.LayerNorm(6)
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 2)
+        ln.bias.uniform_(-1, 1)
+    x = torch.randn(4, 5, 6)
+    keep = torch.tensor([True, False, True, True, False, True])
+    with kept_statistics(nn.Sequential(ln), {"0": keep}):
+        got = ln(x)
+    kept = x[..., keep]
+    mean, var = kept.mean(-1, keepdim=True), kept.var(-1, unbiased=False, keepdim=True)
+    want = ln.bias.detach().expand_as(x).clone()
+    want[..., keep] = (kept - mean) / torch.sqrt(var + ln.eps) * ln.weight[keep] + ln.bias[keep]
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(ln(x), want, atol=1e-3)  # and only inside the block
+
+
+def test_sparsity_trains_the_layernorm_gammas_too():
+    model = TinyViT()
+    sparsity = slimming.Sparsity(model, strength=1e-3)
+    assert {id(p) for p in sparsity.params} == {id(m.weight) for _, m in layer_norms(model)}

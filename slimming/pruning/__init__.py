@@ -3,8 +3,9 @@ real forward, with what each torch op does to channels in ``ops``), which to cut
 (``importance``: the criteria; ``select``: one global threshold; ``budget``: a FLOPs or
 parameter target), and how to cut them (``surgery`` along the graph, or a family's own walk),
 then folding what the cut channels still gave into the next layers (``repair``) and checking
-the pruned network against the original with the cut channels zeroed (``verify``). ``prune``
-composes them into ``slimming.prune``.
+the pruned network against the original with the cut channels zeroed (``verify``; what that
+means for a LayerNorm that loses channels: ``norms``). ``prune`` composes them into
+``slimming.prune``.
 
 Which parts it may import: ``docs/layout.md``.
 """

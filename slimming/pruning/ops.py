@@ -32,8 +32,9 @@ PASS_OPS = {"sigmoid", "hardsigmoid", "softplus", "exp", "log_sigmoid", "selu", 
 SPATIAL_OPS = {op for op in ZERO_OPS if "pool" in op or "upsample" in op} | {
     "interpolate", "pad", "pixel_unshuffle", "dropout1d", "dropout2d", "dropout3d", "feature_dropout"}
 # Results about a tensor, not its values
-META_OPS = {"get", "size", "dim", "numel", "shape", "is_floating_point", "is_contiguous", "element_size",
-            "stride", "data_ptr", "get_device", "is_complex", "storage_offset", "ndimension", "nelement",
+META_OPS = {"get", "size", "dim", "numel", "shape", "is_floating_point", "is_contiguous", "is_nested",
+            "element_size", "stride", "data_ptr", "get_device", "is_complex", "storage_offset", "ndimension",
+            "nelement",
             "has_names", "names", "dtype", "device", "is_cuda", "layout", "requires_grad_", "len",
             "format", "repr", "hash", "ndim", "grad_fn", "is_leaf", "grad", "is_sparse", "is_meta",
             "is_quantized", "itemsize", "nbytes", "requires_grad", "is_mkldnn", "output_nr"}
@@ -168,7 +169,7 @@ class ChannelOps:
             elif isinstance(a, torch.Tensor):
                 lead = a.dim() - out.dim() + d
                 if lead >= 0 and a.shape[lead] == c > 1:
-                    scale = self.channel_tensor(a, c)  # a layer scale: cut with its channels
+                    scale = self.channel_tensor(a, c, lead)  # a layer scale: cut with its channels
                     if scale is None:
                         return self.opaque(op, "an op with a tensor over the channels that is no "
                                            "module's per-channel parameter or buffer", maps, out)
@@ -287,6 +288,17 @@ class ChannelOps:
             return self.fresh(values, f"{self.where()}: made by {op} over the channels")
         self.opaque(op, f"a reduction from {before} to {after}", [x], out)
 
+    def op_roll(self, op, args, kwargs, out, inputs) -> None:
+        """``roll`` along dims other than the channels' (a Swin window's cyclic shift of
+        (N, H, W, C)) moves positions, not channels, and keeps zeros; along the channels, or
+        over the flattened tensor (no ``dims``), it mixes them: kept."""
+        x_t, x = inputs[0]
+        dims = arg(args, kwargs, 2, "dims")
+        dims = [dims] if isinstance(dims, int) else list(dims or ())
+        if len(inputs) == 1 and dims and x.factor == 1 and all(k % x_t.dim() != x.dim for k in dims):
+            return self.set(out, x)
+        self.opaque(op, "a roll along the channels", [m for _, m in inputs], out)
+
     def op_cat(self, op, args, kwargs, out, inputs) -> None:
         parts = arg(args, kwargs, 0, "tensors")
         dim = arg(args, kwargs, 1, "dim", 0)
@@ -295,11 +307,21 @@ class ChannelOps:
         d = at.pop() if len(at) == 1 else -1
         if dim % out.dim() == d and all(m is not None and m.factor == 1 for m in maps):
             return self.set(out, Map([s for m in maps for s in m.segs], 1, d))
-        if d >= 0 and dim % out.dim() != d and all(m is not None for m in maps) and out.dim() >= 2:
-            result = maps[0]  # along another dim: the operands' channels are the same channels
-            for m in maps[1:]:
-                result = self.g.tie(result, m, f"{self.where()}: cat of channels it cannot pair")
-            return self.set(out, result)
+        if d >= 0 and dim % out.dim() != d and out.dim() >= 2:
+            # along another dim: the operands' channels are the same channels; a module's
+            # parameter among them (a class token before the patch tokens) is cut with them
+            params = [self.channel_tensor(t, out.shape[d], d) if m is None and isinstance(t, torch.Tensor)
+                      and t.dim() == out.dim() else None for t, m in zip(parts, maps)]
+            if all(m is not None or p is not None for m, p in zip(maps, params)):
+                tracked = [m for m in maps if m is not None]
+                result = tracked[0]
+                for m in tracked[1:]:
+                    result = self.g.tie(result, m, f"{self.where()}: cat of channels it cannot pair")
+                for p in params:
+                    if p is not None:
+                        self.scale(*p, result)
+                moved = any(p is not None and bool(t.detach().ne(0).any()) for t, p in zip(parts, params))
+                return self.set(out, result.with_gate(False) if moved else result)
         self.opaque(op, f"a concatenation along dim {dim} of tensors it cannot pair",
                     [m for _, m in inputs], out)
 

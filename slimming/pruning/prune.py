@@ -435,7 +435,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
     convolutions, chunks) and cuts a copy along the graph."""
     factors = [(name, m) for name, m in model.named_modules() if is_factor_layer(m)]
     if not factors:
-        raise SlimmingError("the model has no BatchNorm or GroupNorm layer: there is nothing to slim "
+        raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
                             "(network slimming scores channels by their scaling factors)")
     graph = trace(model, example, ignore, keep_whole, follow_sizes)
     everything = graph.groups()

@@ -37,6 +37,7 @@ from torch import nn
 from ..errors import SlimmingError
 from ..utils.devices import full_precision
 from ..utils.modules import modes_kept
+from .norms import kept_statistics
 from .ops import leaves
 from .trace import as_inputs
 
@@ -153,7 +154,8 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple
         for name in readers:
             hooks.append(original.get_submodule(name).register_forward_hook(
                 lambda m, args, out, name=name: seen.__setitem__(name, args[0].detach())))
-        output = _run(original, probe)
+        with kept_statistics(original, masks):
+            output = _run(original, probe)
     finally:
         for h in hooks:
             h.remove()

@@ -454,10 +454,31 @@ class _Walk(ChannelOps):
         for _, m in inputs:
             self.g.pin(m, f"{self.where()}: its values are read by {op}")
 
+    def rule_layer_norm(self, op, func, args, kwargs, out, inputs) -> None:
+        """A LayerNorm over the channels, where they lie last (ConvNeXt's channels-last norm and
+        its LayerNorm2d, a transformer's over its embedding), with a module's weight: a slimming
+        factor that carries the channels; cut, it normalises over the kept ones
+        (``slimming.pruning.norms`` says what that promises). Any other: ``rule_norm``."""
+        x_t, x = inputs[0]
+        shape = arg(args, kwargs, 1, "normalized_shape")
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        given, name, attrs = self.owned(args, kwargs, (("weight", 2), ("bias", 3)))
+        if self.stack:
+            self.seen.add(self.stack[-1])  # a LayerNorm module without tensors ran too
+        if len(inputs) > 1 or len(shape) != 1 or x.factor != 1 or x.dim != x_t.dim() - 1 \
+                or attrs is None or "weight" not in attrs or name in self.ignore or self.in_ignored() \
+                or not isinstance(out, torch.Tensor) or out.shape != x_t.shape \
+                or not isinstance(self.modules.get(name), nn.LayerNorm):
+            return self.rule_norm(op, func, args, kwargs, out, inputs)
+        self.again(name, x)
+        self.g.uses.append(Use(name, "layer_norm", x, attrs))
+        self.set(out, x.with_gate(True))
+
     def rule_norm(self, op, func, args, kwargs, out, inputs) -> None:
-        # Kept, not followed: a LayerNorm (or RMSNorm) over the channels normalises each channel
-        # by statistics of all the others, so cutting one changes what the rest become, whatever
-        # BatchNorm gammas say (GroupNorm, by whole groups, is followed: rule_group_norm)
+        # Kept, not followed: a norm over the channels without a scale of its own (RMSNorm, a
+        # LayerNorm over several dims or in ignore) normalises each channel by statistics of all
+        # the others, so cutting one changes what the rest become (a LayerNorm with its weight:
+        # rule_layer_norm; GroupNorm, by whole groups: rule_group_norm)
         x_t, x = inputs[0]
         same = isinstance(out, torch.Tensor) and out.shape == x_t.shape
         self.opaque(op, "a normalisation over the channels: cutting one changes the others",
@@ -510,7 +531,8 @@ class _Walk(ChannelOps):
         x_t, x = inputs[0]
         d = x.dim
         same = isinstance(out, torch.Tensor) and out.dim() == x_t.dim() and out.shape[0] == x_t.shape[0] \
-            and out.shape[d] == x_t.shape[d] and (d == 1 or op not in SPATIAL_OPS)
+            and out.shape[d] == x_t.shape[d] \
+            and (d == 1 or op not in SPATIAL_OPS or _pads_around(op, args, kwargs, x_t, d))
         if len(inputs) > 1 or not same:
             return self.opaque(op, "an op of several tensors" if len(inputs) > 1 else "a change of shape",
                                [m for _, m in inputs], out)
@@ -582,15 +604,25 @@ class _Walk(ChannelOps):
         attrs = {role: o[1] for role, o in owners.items()} if name and None not in owners.values() else None
         return given, name, attrs
 
-    def channel_tensor(self, t: torch.Tensor, c: int) -> tuple[str, str, int] | None:
+    def channel_tensor(self, t: torch.Tensor, c: int, dim: int | None = None) -> tuple[str, str, int] | None:
         """(module, attribute, dim) when ``t`` is a module's parameter or buffer of ``c``
         values (or a view of one: ``gamma.view(1, -1, 1, 1)``), one per channel along ``dim``;
-        inside a module in ``ignore``, None (kept)."""
+        or, where ``t``'s channels lie along ``dim``, a parameter with other dims too (a
+        position embedding (1, L, C)) or a broadcast of one (a class token expanded to
+        (N, 1, C)). Inside a module in ``ignore``, None (kept)."""
         base = t if id(t) in self.owner else t._base
-        if base is None or id(base) not in self.owner or base.numel() != c or self.in_ignored():
+        if base is None or id(base) not in self.owner or self.in_ignored():
             return None
-        dims = [i for i, n in enumerate(base.shape) if n == c]
-        return (*self.owner[id(base)], dims[0]) if len(dims) == 1 else None
+        if base.numel() == c:
+            dims = [i for i, n in enumerate(base.shape) if n == c]
+            return (*self.owner[id(base)], dims[0]) if len(dims) == 1 else None
+        if dim is None or base.dim() != t.dim() or not 0 <= dim < t.dim() or base.shape[dim] != c \
+                or t.shape[dim] != c:
+            return None
+        for i, (n, b) in enumerate(zip(t.shape, base.shape)):  # ``base`` itself, or expanded
+            if b != 1 and (b != n or t.stride(i) != base.stride(i)):
+                return None
+        return (*self.owner[id(base)], dim)
 
     def scale(self, module: str, attr: str, dim: int, x: Map) -> None:
         """A per-channel parameter of ``module`` (a layer scale) applied to channels ``x``: cut
@@ -634,7 +666,7 @@ def _dispatch() -> dict[str, str]:
                       ({"max", "min"}, "rule_extremum"), (RESHAPE_OPS, "rule_reshape"),
                       (SUM_OPS | PRODUCT_OPS | {"div"}, "rule_combine"), (NORM_OPS, "rule_norm"),
                       ({"prelu"}, "rule_prelu"), ({"instance_norm"}, "rule_instance_norm"),
-                      ({"group_norm"}, "rule_group_norm"),
+                      ({"group_norm"}, "rule_group_norm"), ({"layer_norm"}, "rule_layer_norm"),
                       ({n[3:] for n in dir(ChannelOps) if n.startswith("op_")}, "rule_method"),
                       (LAYERS, "rule_layer"), (CONSTANT_OPS, "rule_constant")):
         table.update(dict.fromkeys(ops, rule))
@@ -642,6 +674,16 @@ def _dispatch() -> dict[str, str]:
 
 
 DISPATCH = _dispatch()
+
+
+def _pads_around(op: str, args, kwargs, x: torch.Tensor, d: int) -> bool:
+    """Whether ``op`` is a ``pad`` that leaves dim ``d`` (channels-last channels) as it is:
+    pads other dims only (a Swin window's spatial padding of (N, H, W, C))."""
+    pad = arg(args, kwargs, 1, "pad")
+    if op != "pad" or not isinstance(pad, (tuple, list)) or len(pad) % 2:
+        return False
+    padded = {x.dim() - 1 - i for i in range(len(pad) // 2) if pad[2 * i] or pad[2 * i + 1]}
+    return d not in padded
 
 
 def _memory(t: torch.Tensor) -> int:

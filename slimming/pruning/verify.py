@@ -1,6 +1,7 @@
 """Never hand back a wrong network: ``check`` runs the pruned network against its reference, the
-original with the cut channels' gamma and beta zeroed in every BatchNorm (what the graph
-promises it equals, before compensation changes anything), on one random input of the
+original with the cut channels' gamma and beta zeroed in every factor layer (BatchNorm,
+GroupNorm, LayerNorm: a LayerNorm that loses channels normalising over its kept ones, ``norms``;
+what the graph promises it equals, before compensation changes anything), on one random input of the
 example's shape. A difference is a GraphError naming the first module whose outputs differ
 (forward hooks on both networks); a pruned network that does not run is one naming the module
 it failed in. Two forwards when the networks agree (the usual case), two more to find the
@@ -17,6 +18,7 @@ from torch import nn
 from ..errors import first_line
 from ..utils.modules import modes_kept
 from .graph import GraphError
+from .norms import kept_statistics
 from .ops import leaves
 from .repair import probe_like
 
@@ -25,8 +27,9 @@ TOLERANCE = 1e-3  # largest |pruned - reference| over the reference's largest |v
 
 @contextlib.contextmanager
 def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
-    """``model`` with gamma and beta zeroed where ``masks`` (BatchNorm name -> keep) cut; put
-    back when the block ends, whatever happens."""
+    """``model`` with gamma and beta zeroed where ``masks`` (factor layer name -> keep) cut, and
+    its LayerNorms that lose channels normalising over the kept ones (``norms``); put back when
+    the block ends, whatever happens."""
     saved = []
     try:
         with torch.no_grad():
@@ -38,7 +41,8 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
                     if t is not None:
                         saved.append((t, t.detach().clone()))
                         t.detach()[~keep.to(t.device)] = 0
-        yield model
+        with kept_statistics(model, masks):
+            yield model
     finally:
         with torch.no_grad():
             for t, value in saved:

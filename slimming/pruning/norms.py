@@ -1,0 +1,61 @@
+"""What cutting channels of a LayerNorm promises. A LayerNorm over the channels (ConvNeXt's, in
+either layout; a transformer's over its embedding) normalises each channel by the mean and
+variance of all of them, so no zeroed gamma makes a channel vanish from the others' statistics:
+the pruned network's LayerNorm normalises over the kept channels only. Its reference, what the
+pruned network equals (``verify.check``) and what compensation measures the cut channels'
+constants on (``repair``), is therefore the original with the cut channels' gamma and beta
+zeroed *and* each such LayerNorm's statistics taken over its kept channels: ``kept_statistics``.
+A network trained sparse has its cut gammas near zero, so the statistics move by what the cut
+channels' inputs weighed in them; fine-tuning, as after any cut, takes up the rest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.overrides import TorchFunctionMode
+
+from .ops import arg, op_name
+
+
+class _KeptStatistics(TorchFunctionMode):
+    """Every ``layer_norm`` called with one of the given weights normalises over the kept
+    channels (the last dim); the cut ones give their beta (zero once it is zeroed)."""
+
+    def __init__(self, keep: dict[int, torch.Tensor]):
+        super().__init__()
+        self.keep = keep
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if op_name(func) == "layer_norm":
+            weight = arg(args, kwargs, 2, "weight")
+            keep = self.keep.get(id(weight)) if isinstance(weight, torch.Tensor) else None
+            if keep is not None:
+                x, bias = args[0], arg(args, kwargs, 3, "bias")
+                eps = arg(args, kwargs, 4, "eps", 1e-5)
+                k = keep.to(x.device)
+                out = bias.expand_as(x).clone() if bias is not None else torch.zeros_like(x)
+                out[..., k] = F.layer_norm(x[..., k], (int(k.sum()),), weight[k],
+                                           None if bias is None else bias[k], eps)
+                return out
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def kept_statistics(model: nn.Module, masks: dict[str, torch.Tensor]):
+    """While the block runs, each LayerNorm of ``model`` that ``masks`` (factor layer name ->
+    keep) cuts normalises over its kept channels; nothing else changes."""
+    keep = {}
+    for name, mask in masks.items():
+        m = model.get_submodule(name)
+        if isinstance(m, nn.LayerNorm) and getattr(m, "weight", None) is not None and not bool(mask.all()):
+            keep[id(m.weight)] = mask
+    if not keep:
+        yield model
+        return
+    with _KeptStatistics(keep):
+        yield model
