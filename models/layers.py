@@ -177,6 +177,26 @@ class LayerNormRule(LayerRule):
         return changed
 
 
+class ChannelGate(nn.Module):
+    """A per-channel scaling factor where a network has none (``slimming.add_gates``): its
+    input times ``weight`` (ones at the start) along ``dim``, the channels' dimension (1 for
+    (N, C, ...), -1 for channels-last tokens). Trained sparse and scored as a BatchNorm's gamma;
+    folded into the layer it feeds at the cut (``slimming.models.gates``)."""
+
+    def __init__(self, channels: int, dim: int = 1):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = [1] * x.dim()
+        shape[self.dim] = -1
+        return x * self.weight.view(shape)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, dim={self.dim}"
+
+
 RULES: dict[str, LayerRule] = {
     "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
                      widths={"in_channels": "in", "out_channels": "out"}),
@@ -194,8 +214,10 @@ RULES: dict[str, LayerRule] = {
                                 gated=True, scores=True),
     "layer_norm": LayerNormRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True),
     "scale": ScaleRule(),
+    "gate": LayerRule(carries={"weight": 0}, gated=True, scores=True),
 }
-MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn"}  # type (or class name) -> kind
+# type (or class name) -> kind
+MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn", ChannelGate: "gate"}
 _RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
             (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"),
             (nn.LayerNorm, "layer_norm"))

@@ -59,7 +59,7 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
     with torch.no_grad():
         for name, keep in masks.items():
             layer = z.get_submodule(name)
-            for t in (layer.weight, layer.bias):
+            for t in (layer.weight, getattr(layer, "bias", None)):
                 if t is not None:
                     t[~keep] = 0
     if any(isinstance(z.get_submodule(n), nn.LayerNorm) and not m.all() for n, m in masks.items()):

@@ -139,7 +139,7 @@ def test_a_groupnorm_network_from_the_command_line(tmp_path, capsys):
     assert main(["prune", "--checkpoint", str(tmp_path / "t" / "last.pth"), "--percent", "0.3",
                  "--save", str(tmp_path / "p"), "--cpu", "--no-eval"]) == 0
     out = capsys.readouterr().out
-    assert "BatchNorm / GroupNorm layers changed" in out and "checked: equals the original" in out
+    assert "layers with a scaling factor changed" in out and "checked: equals the original" in out
     pruned = slimming.load_model(tmp_path / "p" / "pruned.pth")
     assert sum(p.numel() for p in pruned.parameters()) < sum(p.numel() for p in trained.parameters())
     assert main(["eval", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), *data]) == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import torch
@@ -24,6 +25,7 @@ from ..measure.stats import (
     latency_ms,
     model_stats,
 )
+from ..pruning.gates import add_gates
 from ..pruning.importance import get_importance
 from ..pruning.repair import recalibrate_bn
 from ..tools import plots
@@ -71,9 +73,18 @@ def new_model(args) -> MakeModel:
             model = models.build(args.arch, cfg=args.cfg, **options)
         if args.init is not None:
             load_init(model, args.init)
+        if getattr(args, "gates", False):
+            gated = add_gates(model)
+            if int(os.environ.get("RANK", 0)) == 0:  # once under torchrun
+                print(f"gates before {len(gated)} layers" + (f": {_names(gated)}" if gated else
+                                                            " (every width has a scaling factor)"))
         return model, {}
 
     return make_model
+
+
+def _names(names: list[str], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def checkpoint_model(ckpt: dict, path, model: nn.Module) -> MakeModel:
@@ -213,7 +224,7 @@ def cmd_prune(args) -> None:
               f"{b['full']:.4g}): {b['achieved']:.4g} achieved ({100 * b['achieved'] / b['full']:.2f}%)")
     if isinstance(result.cfg, dict):  # a traced network: its widths per factor layer, in the file
         changed = sum(1 for _, b, a in table if a != b)
-        print(f"widths of {changed} of {len(table)} BatchNorm / GroupNorm layers changed (the file's cfg)")
+        print(f"widths of {changed} of {len(table)} layers with a scaling factor changed (the file's cfg)")
     else:
         print(f"cfg {result.cfg}")
     if result.verified is not None:

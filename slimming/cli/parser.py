@@ -194,7 +194,8 @@ def add_model_flags(p: argparse.ArgumentParser, default: str | None, build: bool
                        "'state_dict' or 'model'), e.g. your fine-tuned model")
 
 
-def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | None = "cifar10") -> None:
+def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | None = "cifar10",
+                       gates: bool = False) -> None:
     add_data_flags(p, dataset)
     g = p.add_argument_group("training")
     g.add_argument("--config", type=Path, metavar="FILE.yaml",
@@ -225,11 +226,14 @@ def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | N
                    help="continue a run: a checkpoint, or auto = DIR/last.pth if it exists")
     g = p.add_argument_group("sparsity")
     g.add_argument("--sparsity", type=nonneg_float, default=0.0, metavar="S",
-                   help="L1 strength on BN gammas (0 = off; the paper uses 1e-4 for VGG)")
+                   help="L1 strength on the scaling factors: BatchNorm, GroupNorm, LayerNorm gammas, "
+                   "gates (0 = off; the paper uses 1e-4 for VGG)")
     g.add_argument("--sparsity-target", type=_number(float, 0.0, False, "in (0, 1)", high=1.0),
                    default=None, metavar="F",
                    help="steer the strength (from --sparsity) epoch by epoch so that a fraction F "
                    "of prunable |gamma| ends under 1e-2")
+    if gates:  # a new network only (finetune's comes from its checkpoint, gates and all)
+        add_gates_flag(g)
     g = p.add_argument_group("output")
     g.add_argument("--save", type=Path, required=True, metavar="DIR",
                    help="folder for last.pth, best.pth and metrics.jsonl")
@@ -299,10 +303,17 @@ def build_parser() -> Parser:
     return parser
 
 
+def add_gates_flag(g) -> None:
+    g.add_argument("--gates", action="store_true",
+                   help="put a gate (a per-channel scaling factor, trained with --sparsity) before each "
+                   "layer that reads a width nothing else scores (an MLP's hidden width: ConvNeXt, "
+                   "vision transformers); prune folds them away")
+
+
 def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train from scratch, with --sparsity S for slimming")
     add_model_flags(p, "vgg", build=True)
-    add_training_flags(p, epochs=160)
+    add_training_flags(p, epochs=160, gates=True)
     p.set_defaults(func="commands.cmd_train")
 
 
@@ -406,7 +417,7 @@ def add_report_command(sub) -> None:
 def add_pipeline_command(sub) -> None:
     p = sub.add_parser("pipeline", help="sparsity training -> prune -> fine-tune -> report, resumable")
     add_model_flags(p, "vgg", build=True)
-    add_training_flags(p, epochs=160)
+    add_training_flags(p, epochs=160, gates=True)
     add_prune_flags(p, required=True, recalibrate=50)
     g = p.add_argument_group("training")
     g.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")

@@ -6,6 +6,7 @@ Format (``version`` 1)::
      "arch": "vgg", "options": {"depth": 19, "num_classes": 10},
      "cfg": None | [widths...],          # None: the family's default widths
      "cfg_mask": None | [bool tensor per BatchNorm2d of the network it was pruned from],
+     "gates": {layer name: width} (only for a run with gates: slimming.add_gates, --gates),
      "state_dict": {...}, "epoch": completed epochs, "acc": test accuracy (%), "best_acc": ...,
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
@@ -28,9 +29,10 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import CheckpointError, clip, first_line, load_error
+from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
 from ..models.common import ChannelSelect
 from ..models.external import check_forward, check_kwargs, is_external, is_user_code, resize_like
+from ..models.gates import attach, gated_layers
 from ..utils.modules import unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 from .paper import from_paper
@@ -94,6 +96,10 @@ def _check_fields(ckpt: dict, path: Path) -> None:
     elif cfg is not None and (not isinstance(cfg, list) or not all(
             v == "M" or (_is_int(v) and v >= 1) for v in cfg)):
         raise bad("cfg", "expected None or a list of positive widths (and 'M')")
+    gates = ckpt.get("gates")
+    if gates is not None and (not isinstance(gates, dict) or not all(
+            isinstance(k, str) and _is_int(v) and v >= 1 for k, v in gates.items())):
+        raise bad("gates", "expected None or {layer name: the width its gate scales}")
     masks = ckpt.get("cfg_mask")
     if masks is not None and (not isinstance(masks, list) or not all(
             isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.dim() == 1 for m in masks)):
@@ -192,6 +198,7 @@ def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") ->
         model = models.build(arch, cfg=cfg, empty=True, **options)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
+    _gated(model, ckpt, path)
     state = _match_dtypes(ckpt["state_dict"], model.state_dict(), path)
     try:
         model.load_state_dict(state, assign=True)
@@ -221,6 +228,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
     resize_like(model, sd, str(path))
+    _gated(model, ckpt, path)
     state = _match_dtypes(sd, model.state_dict(), path)
     try:
         model.load_state_dict(state, assign=True)
@@ -234,6 +242,16 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     except ValueError as e:
         raise CheckpointError(f"{path}: its weights do not fit together: {e}") from None
     return model
+
+
+def _gated(model: nn.Module, ckpt: dict, path) -> None:
+    """The gates a checkpoint of a run with ``--gates`` says its network had, put back before
+    its weights are loaded (``slimming.models.gates``)."""
+    if ckpt.get("gates"):
+        try:
+            attach(model, ckpt["gates"])
+        except SlimmingError as e:
+            raise CheckpointError(f"{path}: its gates do not fit its network: {e}") from None
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", arch: str | None = None,
@@ -253,6 +271,7 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
     else:
         default = models.build(model.arch, empty=True, **model.options).cfg
         cfg = None if model.cfg == default else model.cfg
+    gates = gated_layers(model)  # slimming.add_gates: rebuilt with them
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
             "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
-            "state_dict": model.state_dict(), **fields}
+            **({"gates": gates} if gates else {}), "state_dict": model.state_dict(), **fields}

@@ -37,6 +37,8 @@ from torch import nn
 from ..errors import SlimmingError, clip
 from ..models.layers import RULES
 
+UNSCORED = "no scaling factor (BatchNorm, GroupNorm, LayerNorm, gate) scores it"
+
 
 class GraphError(SlimmingError):
     """A network whose channels the graph cannot follow; names the module and the op."""
@@ -413,8 +415,7 @@ class ChannelGraph:
             if not affine:
                 frozen = f": only FrozenBatchNorm2d layers ({', '.join(sorted(set(g.frozen)))}) read it, " \
                          "which are not trained, so not scored" if g.frozen else ""
-                pin(Seg(g.spaces[0], 0, g.size, False), "no scaling factor (BatchNorm, GroupNorm) scores it"
-                    + frozen)
+                pin(Seg(g.spaces[0], 0, g.size, False), UNSCORED + frozen)
         for name, m in readers:  # a reader must see zeros where we cut
             for seg in m.segs:
                 if not seg.gated:

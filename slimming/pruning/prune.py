@@ -28,7 +28,8 @@ from torch import nn
 from .. import models
 from ..errors import SlimmingError, first_line
 from ..models.common import BN_STATE
-from ..models.layers import factor_width, is_factor_layer
+from ..models.gates import fold
+from ..models.layers import ChannelGate, factor_width, is_factor_layer
 from ..utils.modules import keep_slices, modes_kept, unwrap
 from . import budget, repair, surgery
 from .graph import GraphError, Group, ignored_names
@@ -255,6 +256,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
                 warnings.warn(note, stacklevel=2)
         if compensate:
             result.compensation = repair.compensate(model, result, example)
+        fold(result.model)  # gates (slimming.add_gates) into the layers they feed: no extra module
     return result
 
 
@@ -459,7 +461,8 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         widths = surgery.update_widths(new, graph, roots)
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]
-        cfg = {name: int(m.sum()) for (name, _), m in zip(factors, cfg_mask)}
+        cfg = {name: int(k.sum()) for (name, m), k in zip(factors, cfg_mask)
+               if not isinstance(m, ChannelGate)}  # folded away at the end
         new.cfg = cfg
         layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
                   if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}

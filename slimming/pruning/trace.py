@@ -344,7 +344,9 @@ class _Walk(ChannelOps):
         if x is None:
             return self.fresh(out, f"{name}: made from untracked inputs") if isinstance(out, torch.Tensor) \
                 else None
-        if not isinstance(out, torch.Tensor) or out.dim() < 2 or x.factor != 1 or x.dim != 1:
+        carried = not rule.makes and isinstance(out, torch.Tensor) and out.shape == args[0].shape
+        if not isinstance(out, torch.Tensor) or out.dim() < 2 or x.factor != 1 \
+                or (x.dim != 1 and not carried):
             return self.opaque(type(m).__name__, "a layer followed whole whose output is not (N, C, ...)",
                                [x], out)
         attrs = {role: role for tensors_ in (rule.reads, rule.makes, rule.carries) for role in tensors_
@@ -352,7 +354,7 @@ class _Walk(ChannelOps):
         ignored = name in self.ignore or self.in_ignored()
         if rule.makes:
             return self.produce(name, kind, x, out.shape[1], ignored, out, attrs)
-        if out.shape[1] != x.channels:
+        if out.shape[x.dim] != x.channels:
             return self.opaque(type(m).__name__, "a layer that carries its channels but changes their "
                                "number", [x], out)
         if ignored:

@@ -37,7 +37,7 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
                 bn = model.get_submodule(name)
                 if bool(keep.all()):
                     continue
-                for t in (bn.weight, bn.bias):
+                for t in (bn.weight, getattr(bn, "bias", None)):
                     if t is not None:
                         saved.append((t, t.detach().clone()))
                         t.detach()[~keep.to(t.device)] = 0

@@ -1,0 +1,87 @@
+"""Gates: a per-channel scaling factor where a network has none (a transformer's or ConvNeXt's
+MLP hidden width, between its two linear layers). A ``ChannelGate`` (ones at the start) scales
+the input of the layer that reads those channels, from a forward pre-hook on that layer, so the
+network's code and its other state_dict keys stay as they were; the gate is the reader's child
+``slimming_gate`` (``fc2.slimming_gate.weight``). ``Sparsity`` trains it toward zero as the
+paper trains a BatchNorm's gamma; the trace scores it; at the cut ``fold`` multiplies it into
+the reader's input columns and removes it, so the pruned network has no extra module.
+
+Why a gate before the reader: a zero gate makes its channel give zero to the reader whatever
+the activation before it is (GELU of a gated value would not be zero), so cutting the channel
+is exact. A bare scaling factor next to a linear layer is a weaker signal than a BatchNorm's
+gamma (the paper's objection): the reader's columns can grow while the gate shrinks. Weight
+decay on the reader's weight keeps that in check (every optimizer slimming builds decays it);
+``benchmarks/RESULTS.md`` measures it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import SlimmingError, clip
+from .layers import ChannelGate
+
+ATTR = "slimming_gate"
+
+
+def _apply(module: nn.Module, args: tuple):
+    gate = getattr(module, ATTR, None)
+    if gate is None or not args:
+        return None
+    return (gate(args[0]), *args[1:])
+
+
+def gated_layers(model: nn.Module) -> dict[str, int]:
+    """{reader name: its gate's width} for every layer of ``model`` with a gate."""
+    return {name: getattr(m, ATTR).weight.numel() for name, m in model.named_modules()
+            if isinstance(getattr(m, ATTR, None), ChannelGate)}
+
+
+def attach(model: nn.Module, layers: dict[str, int] | list[str]) -> list[str]:
+    """Give each named layer (a ``Linear``, or a convolution of one group) a gate of ones over
+    the channels it reads (``layers``: names, or {name: width} as ``gated_layers`` gives); a
+    layer with one already keeps it. Returns the names. SlimmingError (nothing changed) for a
+    name that is no such layer."""
+    names = list(layers)
+    found = dict(model.named_modules())
+    for name in names:
+        m = found.get(name)
+        if not isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) or getattr(m, "groups", 1) != 1 \
+                or getattr(m, "transposed", False):
+            raise SlimmingError(f"add_gates: {clip(name)} is no linear layer or convolution of one group of "
+                                f"{type(model).__name__}", param="at")
+        width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+        if isinstance(layers, dict) and layers[name] != width:
+            raise SlimmingError(f"add_gates: {clip(name)} reads {width} channels, not {layers[name]}",
+                                param="at")
+    for name in names:
+        m = found[name]
+        if isinstance(getattr(m, ATTR, None), ChannelGate):
+            continue
+        p = next(m.parameters())
+        width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+        m.add_module(ATTR, ChannelGate(width, -1 if isinstance(m, nn.Linear) else 1).to(p.device, p.dtype))
+        m.register_forward_pre_hook(_apply)
+    return names
+
+
+@torch.no_grad()
+def fold(model: nn.Module) -> list[str]:
+    """Multiply every gate of ``model`` into its reader's input columns and remove it (its
+    hook too), in place; the network computes the same. Returns the readers' names."""
+    folded = []
+    for name, m in list(model.named_modules()):
+        gate = getattr(m, ATTR, None)
+        if not isinstance(gate, ChannelGate):
+            continue
+        w = m.weight
+        shape = [1] * w.dim()
+        shape[1] = -1
+        w.mul_(gate.weight.detach().to(w.dtype).view(shape))
+        del m._modules[ATTR]
+        for key, hook in list(m._forward_pre_hooks.items()):
+            if hook is _apply:
+                del m._forward_pre_hooks[key]
+        folded.append(name)
+    return folded

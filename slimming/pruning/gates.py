@@ -1,0 +1,50 @@
+"""``slimming.add_gates``: a per-channel scaling factor (``slimming.models.gates``) where a width
+has none, found by the trace or named by the user."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..models.gates import attach, gated_layers
+from ..utils.modules import unwrap
+from .graph import UNSCORED
+from .prune import default_example
+from .trace import trace
+
+
+def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=()) -> list[str]:
+    """Give ``model`` (in place) a gate of ones before each layer that reads a width nothing
+    scores, so that sparsity training and ``prune`` can slim it; returns the names of the
+    layers with a gate, in the model's order.
+
+    ``at``: the layers (names) whose input channels get a gate. Without it, the trace (one
+    forward of ``example_inputs``, default ``default_example``) finds them: a linear layer or a
+    convolution of one group that alone reads every channel another such layer makes, where no
+    BatchNorm, GroupNorm or LayerNorm scores them and nothing else keeps them (an MLP's hidden
+    width: ``fc1 -> GELU -> fc2`` gets a gate before ``fc2``). ``ignore``: as ``prune`` takes it.
+    A layer with a gate keeps it. At the cut the gates fold into those layers and disappear."""
+    model = unwrap(model)
+    if at is not None:
+        attach(model, [at] if isinstance(at, str) else list(at))
+        return list(gated_layers(model))
+    graph = trace(model, default_example(model) if example_inputs is None else example_inputs, ignore)
+    readers: dict[int, list] = {}
+    for use in graph.uses:
+        if use.kind.endswith("_in"):
+            m = graph.resolve(use.map)
+            for r in {graph.find(s.space) for s in m.segs}:
+                readers.setdefault(r, []).append((use.module, use.kind, m))
+    chosen = []
+    for g in graph.groups():
+        found = readers.get(graph.find(g.spaces[0]), [])
+        if g.bns or len(found) != 1:
+            continue
+        name, kind, m = found[0]
+        whole = len(m.segs) == 1 and m.segs[0].start == 0 and m.segs[0].length == g.size and m.factor == 1
+        layer = model.get_submodule(name)
+        allowed = {UNSCORED, f"{name} reads it before any BatchNorm or other scaling factor"}
+        if whole and kind in ("linear_in", "conv_in") and getattr(layer, "groups", 1) == 1 \
+                and set(g.reasons) <= allowed and name not in chosen:
+            chosen.append(name)
+    attach(model, chosen)
+    return list(gated_layers(model))

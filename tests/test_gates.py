@@ -1,0 +1,168 @@
+"""Gates: a per-channel scaling factor where a network has none (an MLP's hidden width in
+ConvNeXt and vision transformers). ``add_gates`` finds those widths by the trace, sparsity
+trains the gates, ``prune`` cuts by them exactly and folds them into the layers they feed, so
+the pruned network has no extra module; checkpoints of a gated run rebuild their gates."""
+
+import random
+import warnings
+
+import pytest
+import torch
+from conftest import rel_diff, zeroed
+from slimming.models.gates import fold, gated_layers
+from slimming.models.layers import ChannelGate
+from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, sparse_layer_norms
+from torch import nn
+
+import slimming
+
+
+def gates(model):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, ChannelGate)]
+
+
+def reads(layer: nn.Module) -> int:
+    return layer.in_features if isinstance(layer, nn.Linear) else layer.in_channels
+
+
+def sparse_gates(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, m in gates(model):
+            w = torch.rand(m.weight.shape, generator=g) * 0.9 + 0.1
+            w[torch.rand(w.shape, generator=g) < 0.5] *= 1e-3
+            m.weight.copy_(w)
+
+
+EXPECTED = {  # where the trace must put gates: before every MLP's second layer, nowhere else
+    "TinyConvNeXt": ["stage1.0.fc2", "stage1.1.fc2", "stage2.0.fc2", "stage2.1.fc2"],
+    "TinyViT": ["blocks.0.fc2", "blocks.1.fc2", "blocks.2.fc2"],
+    "torchvision convnext_tiny": [f"features.{s}.{b}.block.5" for s, n in ((1, 3), (3, 3), (5, 9), (7, 3))
+                                  for b in range(n)],
+    "timm convnext_atto": [f"stages.{s}.blocks.{b}.mlp.fc2" for s, n in enumerate((2, 2, 6, 2))
+                           for b in range(n)],
+    "timm vit_tiny_patch16_224": [f"blocks.{b}.mlp.fc2" for b in range(12)],
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
+    torch.manual_seed(0)
+    model = LN_NETWORKS[name]().eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = model(x)
+    assert slimming.add_gates(model, x[:1]) == EXPECTED[name]
+    assert sorted(gated_layers(model)) == sorted(EXPECTED[name])
+    with torch.no_grad():
+        assert torch.equal(model(x), before)  # gates of ones
+    assert slimming.add_gates(model, x[:1]) == EXPECTED[name]  # again: the same gates, not two
+    assert len(gates(model)) == len(EXPECTED[name])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", ["TinyConvNeXt", "TinyViT", "timm convnext_atto", "timm vit_tiny_patch16_224"])
+def test_a_gated_network_is_cut_exactly_and_its_gates_fold_away(name, seed, tmp_path):
+    torch.manual_seed(seed)
+    model = LN_NETWORKS[name]().eval()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    slimming.add_gates(model, x[:1])
+    sparse_layer_norms(model, seed)
+    sparse_gates(model, seed)
+    hidden = {n: reads(model.get_submodule(n)) for n in EXPECTED[name]}
+    percent = random.Random(seed).uniform(0.2, 0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+    assert not gates(result.model) and not any(m._forward_pre_hooks for m in result.model.modules())
+    assert len(gates(model)) == len(EXPECTED[name])  # the original keeps its gates
+    for reader, width in hidden.items():  # every hidden width cut by its gate's mask
+        kept = int(result.masks[f"{reader}.slimming_gate"].sum())
+        assert reads(result.model.get_submodule(reader)) == kept
+        assert kept < width or seed  # the sparse half of the gates goes
+    assert not any(".slimming_gate" in k for k in result.model.state_dict())
+    assert not any(".slimming_gate" in k for k in result.cfg)
+    fresh = LN_NETWORKS[name]()  # a pruned gated network loads into the plain class
+    slimming.save_pruned(result.model, tmp_path / "g.pth")
+    loaded = slimming.load_pruned(tmp_path / "g.pth", fresh).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model(x))
+
+
+def test_fold_gives_the_same_network_without_its_gates():
+    torch.manual_seed(0)
+    model = TinyViT().eval()
+    slimming.add_gates(model, at=["blocks.0.fc2", "blocks.1.proj"])
+    with torch.no_grad():
+        for _, m in gates(model):
+            m.weight.uniform_(-2, 2)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        assert sorted(fold(model)) == ["blocks.0.fc2", "blocks.1.proj"]
+        assert not gates(model)
+        assert rel_diff(model(x), want) < 1e-5
+
+
+def test_sparsity_trains_the_gates():
+    model = TinyConvNeXt()
+    slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
+    params = {id(p) for p in slimming.Sparsity(model, 1e-3).params}
+    assert {id(m.weight) for _, m in gates(model)} <= params
+
+
+def test_a_gated_checkpoint_rebuilds_its_gates_and_a_bad_one_is_refused(tmp_path):
+    pytest.importorskip("timm")
+    model = slimming.models.build("timm:convnext_atto", num_classes=10, input_size=[3, 32, 32]).eval()
+    slimming.add_gates(model)
+    with torch.no_grad():
+        for _, m in gates(model):
+            m.weight.uniform_(0, 1)
+    ckpt = slimming.checkpoint_dict(model, epoch=1)
+    assert ckpt["gates"] == {n: 1280 if n.startswith("stages.3") else m
+                             for n, m in gated_layers(model).items()}
+    slimming.save_checkpoint(ckpt, tmp_path / "g.pth")
+    loaded = slimming.load_model(tmp_path / "g.pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    ckpt["gates"] = {"stem.0": 3}  # a convolution reading 3 channels: a gate there is not the run's
+    slimming.save_checkpoint(ckpt, tmp_path / "bad.pth")
+    with pytest.raises(slimming.CheckpointError) as e:
+        slimming.load_model(tmp_path / "bad.pth")
+    assert "\n" not in str(e.value)
+    ckpt["gates"] = {"head.fc": 10 ** 9}
+    slimming.save_checkpoint(ckpt, tmp_path / "bad.pth")
+    with pytest.raises(slimming.CheckpointError, match="gates do not fit"):
+        slimming.load_model(tmp_path / "bad.pth")
+
+
+def test_gates_at_a_layer_that_is_none_are_refused_in_one_line_and_change_nothing():
+    model = TinyViT()
+    keys = set(model.state_dict())
+    for at in (["blocks.0.fc2", "blocks.0.norm1"], ["nope"]):
+        with pytest.raises(slimming.SlimmingError) as e:
+            slimming.add_gates(model, at=at)
+        assert "\n" not in str(e.value)
+        assert set(model.state_dict()) == keys
+
+
+def test_train_with_gates_prune_and_finetune_from_the_command_line(tmp_path, capsys):
+    pytest.importorskip("timm")
+    from slimming.cli import main
+
+    data = ["--dataset", "synthetic", "--cpu", "--batch-size", "128"]
+    assert main(["train", "--arch", "timm:convnext_atto", "--gates", "--sparsity", "1e-3", "--epochs", "1",
+                 "--seed", "0", "--save", str(tmp_path / "t"), *data]) == 0
+    assert "gates before 12 layers: stages.0.blocks.0.mlp.fc2" in capsys.readouterr().out
+    assert len(gated_layers(slimming.load_model(tmp_path / "t" / "last.pth"))) == 12
+    assert main(["prune", "--checkpoint", str(tmp_path / "t" / "last.pth"), "--percent", "0.4",
+                 "--save", str(tmp_path / "p"), "--cpu", "--no-eval"]) == 0
+    out = capsys.readouterr().out
+    assert "stages.3.blocks.1.mlp.fc2.slimming_gate" in out and "checked: equals the original" in out
+    pruned = slimming.load_model(tmp_path / "p" / "pruned.pth")
+    assert not gates(pruned) and reads(pruned.stages[3].blocks[1].mlp.fc2) < 1280  # 1x1 convolutions
+    assert main(["finetune", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), "--epochs", "1",
+                 "--save", str(tmp_path / "f"), *data]) == 0
