@@ -61,7 +61,8 @@ def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("name", ["TinyConvNeXt", "TinyViT", "timm convnext_atto", "timm vit_tiny_patch16_224"])
+@pytest.mark.parametrize("name", ["TinyConvNeXt", "TinyViT", "timm convnext_atto",
+                                  "timm vit_tiny_patch16_224"])
 def test_a_gated_network_is_cut_exactly_and_its_gates_fold_away(name, seed, tmp_path):
     torch.manual_seed(seed)
     model = LN_NETWORKS[name]().eval()
