@@ -139,7 +139,15 @@ def build_external(arch: str, cfg: dict | None = None, *, empty: bool = False,
     if input_size is not None and (len(input_size) != 3 or not all(
             isinstance(v, int) and 1 <= v <= 4096 for v in input_size)):
         raise ValueError(f"input_size must be C, H, W (each 1 to 4096), got {input_size!r}")
-    model = _construct(arch, builder, call, empty=True)
+    model = None
+    if input_size is not None and arch.startswith("timm:") and "img_size" not in call:
+        try:  # a vision transformer is built for the image size asked (its position embedding
+            # sized to it, as timm does); a CNN takes no img_size and is built as it is
+            model = _construct(arch, builder, {**call, "img_size": list(input_size[1:])}, empty=True)
+            call["img_size"] = list(input_size[1:])
+        except ValueError:
+            pass
+    model = model or _construct(arch, builder, call, empty=True)
     _check_size(arch, model)  # before a byte is allocated
     if not empty:  # an empty model is checked by whoever fills it (slimming.io.checkpoint)
         model = _construct(arch, builder, call, empty=False)

@@ -5,7 +5,7 @@ parameter target), and how to cut them (``surgery`` along the graph, or a family
 then folding what the cut channels still gave into the next layers (``repair``) and checking
 the pruned network against the original with the cut channels zeroed (``verify``; what that
 means for a LayerNorm that loses channels: ``norms``). ``prune`` composes them into
-``slimming.prune``.
+``slimming.prune``; ``gates`` (``slimming.add_gates``) finds the widths nothing scores.
 
 Which parts it may import: ``docs/layout.md``.
 """
