@@ -12,7 +12,7 @@ from torch import nn
 
 from slimming.cli.parser import Parser, positive_int  # noqa: F401 (positive_int: for the scripts' flags)
 from slimming.errors import SlimmingError
-from slimming.pruning.select import prunable_bns
+from slimming.pruning.select import prunable_factors
 
 
 def parser(doc: str | None) -> Parser:
@@ -77,12 +77,13 @@ def accuracy(model: nn.Module, loader) -> float:
 
 
 def sparsity_shaped(model: nn.Module, small: float = 0.7, seed: int = 0) -> None:
-    """Set gammas as sparsity training leaves them, seeded: in every prunable BN a fraction
-    ``small`` of channels near zero (1e-3 * N(0, 1)), the rest uniform in (0.1, 1)."""
+    """Set gammas as sparsity training leaves them, seeded: in every scaling factor (BatchNorm,
+    GroupNorm, LayerNorm, gate) a fraction ``small`` of channels near zero (1e-3 * N(0, 1)), the
+    rest uniform in (0.1, 1)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for bn in prunable_bns(model):
-            n = bn.num_features
+        for bn in prunable_factors(model):
+            n = bn.weight.numel()
             near_zero = torch.rand(n, generator=gen) < small
             bn.weight.copy_(torch.where(near_zero, 1e-3 * torch.randn(n, generator=gen),
                                         0.1 + 0.9 * torch.rand(n, generator=gen)))

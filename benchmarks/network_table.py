@@ -36,6 +36,7 @@ from common import guarded, parser, positive_int, sparsity_shaped
 from torch import nn
 
 import slimming
+from slimming.pruning.norms import kept_statistics
 from slimming.pruning.ops import leaves
 from slimming.pruning.verify import check
 
@@ -110,14 +111,16 @@ def networks(size: int) -> list[tuple]:
 
 
 def with_statistics(model: nn.Module, seed: int = 1) -> None:
-    """Random betas and running statistics in every BatchNorm, so that a cut channel's
-    constant output (what exactness is about) is not zero."""
+    """Random betas (and running statistics) in every BatchNorm, GroupNorm and LayerNorm, so
+    that a cut channel's constant output (what exactness is about) is not zero."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.bias is not None:
-                n = m.num_features
+            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)) \
+                    and getattr(m, "bias", None) is not None:
+                n = m.bias.numel()
                 m.bias.copy_(torch.randn(n, generator=g) * 0.3)
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
                 m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
 
@@ -132,14 +135,20 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
+def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
+    """The original with the cut channels' gamma and beta zeroed, each LayerNorm that lost
+    channels normalising over its kept ones (what a LayerNorm's cut promises)."""
     z = copy.deepcopy(model)
     with torch.no_grad():
         for name, keep in masks.items():
             bn = z.get_submodule(name)
             bn.weight[~keep] = 0
             bn.bias[~keep] = 0
-    return z
+
+    def run(*args):
+        with kept_statistics(z, masks):
+            return z(*args)
+    return run
 
 
 def masks_by_value(original: nn.Module, pruned: nn.Module) -> dict[str, torch.Tensor]:

@@ -167,3 +167,23 @@ def test_train_with_gates_prune_and_finetune_from_the_command_line(tmp_path, cap
     assert not gates(pruned) and reads(pruned.stages[3].blocks[1].mlp.fc2) < 1280  # 1x1 convolutions
     assert main(["finetune", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), "--epochs", "1",
                  "--save", str(tmp_path / "f"), *data]) == 0
+
+
+def test_a_gates_field_that_is_not_names_and_widths_is_refused_in_one_line(tmp_path):
+    for bad in ("fc2", {"blocks.0.fc2": -1}, {"blocks.0.fc2": "96"}):
+        ckpt = {"format": "slimming", "version": 1, "arch": "timm:vit_tiny_patch16_224", "options": {},
+                "gates": bad, "state_dict": {}}
+        slimming.save_checkpoint(ckpt, tmp_path / "bad.pth")
+        with pytest.raises(slimming.CheckpointError, match="its 'gates' is") as e:
+            slimming.load_checkpoint(tmp_path / "bad.pth")
+        assert "\n" not in str(e.value)
+
+
+def test_a_timm_vision_transformer_is_built_for_the_image_size_asked():
+    pytest.importorskip("timm")
+    model = slimming.models.build("timm:vit_tiny_patch16_224", num_classes=10, input_size=[3, 32, 32],
+                                  kwargs={"patch_size": 8})
+    assert model.pos_embed.shape == (1, 17, 192)  # 4x4 patches and the class token
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    cnn = slimming.models.build("timm:convnext_atto", num_classes=10, input_size=[3, 32, 32])
+    assert cnn(torch.zeros(2, 3, 32, 32)).shape == (2, 10)  # a CNN takes no img_size: built as it is

@@ -186,6 +186,10 @@ def make_trainer(config: TrainConfig, model: nn.Module, device: torch.device, di
                                config.nesterov, config.no_wd_bn)
     scheduler = make_scheduler(optimizer, config.epochs, config.sched, config.warmup_epochs)
     sparsity = Sparsity(model, config.sparsity) if config.sparsity > 0 else None
+    if sparsity is not None and config.opt == "adamw":
+        say("slimming: --opt adamw divides the L1 term by each gradient's running size, so a gamma moves "
+            "by at most about --lr a step whatever --sparsity says; sparsity training wants --opt sgd "
+            "(the paper's)", file=sys.stderr)
     controller = SparsityController(config.sparsity_target) if config.sparsity_target and sparsity else None
     net = model
     if dist.enabled:
