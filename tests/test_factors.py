@@ -320,3 +320,44 @@ def test_sparsity_trains_the_layernorm_gammas_too():
     model = TinyViT()
     sparsity = slimming.Sparsity(model, strength=1e-3)
     assert {id(p) for p in sparsity.params} == {id(m.weight) for _, m in layer_norms(model)}
+
+
+class WidthFromInput(nn.Module):
+    """Attention whose heads' width comes from its input's (torchvision's Swin and MaxViT): cut
+    the channels it reads and its reshape fails."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.norm, self.qkv, self.proj = heads, nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), \
+            nn.Linear(dim, dim)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(self.norm(x)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        o = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
+        return x + self.proj(o)
+
+
+class ReadsItsWidth(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 24, 4, 4), nn.BatchNorm2d(24))
+        self.attn, self.norm, self.head = WidthFromInput(24, 2), nn.LayerNorm(24), nn.Linear(24, 10)
+
+    def forward(self, x):
+        return self.head(self.norm(self.attn(self.stem(x).flatten(2).transpose(1, 2))).mean(1))
+
+
+def test_a_block_whose_cut_fails_the_check_is_kept_whole_and_the_rest_still_cut():
+    torch.manual_seed(0)
+    model = ReadsItsWidth().eval()
+    sparsity_shaped(model, 0)
+    sparse_layer_norms(model, 0)
+    x = torch.randn(2, 3, 32, 32)
+    with pytest.warns(UserWarning, match="every WidthFromInput is kept whole"):
+        result = slimming.prune(model, percent=0.3, example_inputs=x[:1], compensate=False)
+    assert result.masks["stem.4"].all() and result.masks["attn.norm"].all()  # what it reads: kept
+    assert not result.masks["stem.1"].all()  # the rest: cut, exactly
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4

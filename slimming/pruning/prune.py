@@ -223,8 +223,10 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         raise SlimmingError("a FLOPs or parameter budget needs a model of one input; give "
                             "percent or threshold", param=("target_flops", "target_params"))
 
-    def attempt(follow_sizes: bool) -> PruneResult:
-        plan = _traced_plan(model, importance, example, ignore, keep_whole, follow_sizes) if traced \
+    whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
+
+    def attempt(follow_sizes: bool, kept: tuple = ()) -> PruneResult:
+        plan = _traced_plan(model, importance, example, ignore, (*whole, *kept), follow_sizes) if traced \
             else _family_plan(model, importance)
         if budgeted:
             result = budget.search(model, plan, example, target_flops, target_params, limits)
@@ -235,12 +237,17 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             try:
                 result.verified = _checked(model, result, example)
             except GraphError as e:
-                if not plan.sized:
+                if plan.sized:
+                    warnings.warn(f"the channels of {_names(plan.sized)} are kept: cut, the network did "
+                                  f"not match ({first_line(e, 160)}); its forward reads widths the cut "
+                                  "cannot set", stacklevel=3)
+                    return attempt(False, kept)
+                block = _block_of(model, getattr(e, "module", None))
+                if not traced or block is None or block in kept or len(kept) >= 3:
                     raise
-                warnings.warn(f"the channels of {_names(plan.sized)} are kept: cut, the network did not "
-                              f"match ({first_line(e, 160)}); its forward reads widths the cut cannot set",
-                              stacklevel=3)
-                return attempt(False)
+                warnings.warn(f"every {block.__name__} is kept whole: cut, the network did not match "
+                              f"({first_line(e, 160)})", stacklevel=3)
+                return attempt(follow_sizes, (*kept, block))
         elif any(not sure for *_, sure in result.widths):  # unchecked: only the sure ones stay
             _settle(result, lambda: None, keep=lambda change: change[4])
         return result
@@ -424,6 +431,20 @@ def _as_family(model: nn.Module, result: PruneResult) -> None:
     mine = {k: v.shape for k, v in result.model.state_dict().items()}
     if mine == {k: v.shape for k, v in built.state_dict().items()}:
         result.cfg = result.model.cfg = cfg
+
+
+def _block_of(model: nn.Module, name: str | None) -> type | None:
+    """The type of the innermost module at or above ``name`` that is not one of torch's own
+    (an attention block, not its ``nn.Linear``); None for the model itself or a name it lacks."""
+    while name:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError:
+            return None
+        if not type(module).__module__.startswith("torch."):
+            return type(module)
+        name = name.rpartition(".")[0]
+    return None
 
 
 def _names(names: list[str], most: int = 3) -> str:

@@ -80,9 +80,9 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
             except Exception:  # noqa: BLE001 (once more with hooks, to name the module)
                 got = leaves(_run_named(pruned, inputs))
         except _Failed as e:
-            raise GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
-                             f"({e.error}); please report the network, and list that module in "
-                             "keep_whole= meanwhile") from None
+            raise named(GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
+                                   f"({e.error}); please report the network, and list that module in "
+                                   "keep_whole= meanwhile"), e.module) from None
         diff = difference(got, want)
         if diff <= tolerance:
             return diff
@@ -96,9 +96,17 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
 
 
 def differs(diff: float, where: str) -> GraphError:
-    return GraphError(f"slimming refused its own cut: the pruned network differs from the original "
-                      f"with the cut channels zeroed by {diff:.3g} (relative), first in {where}; please "
-                      "report the network, and list that module in keep_whole= meanwhile")
+    return named(GraphError(f"slimming refused its own cut: the pruned network differs from the original "
+                            f"with the cut channels zeroed by {diff:.3g} (relative), first in {where}; "
+                            "please report the network, and list that module in keep_whole= meanwhile"),
+                 where)
+
+
+def named(error: GraphError, module: str) -> GraphError:
+    """``error`` with ``module``: the module the check found at fault (None where it is the
+    model as a whole), so that ``prune`` can cut again with it kept."""
+    error.module = None if module.startswith("the model") else module
+    return error
 
 
 class _Failed(Exception):
