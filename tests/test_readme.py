@@ -61,6 +61,14 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
         with torch.no_grad():
             assert torch.equal(again.eval()(x), small.eval()(x))
         return
+    if "add_gates" in code:  # ConvNeXt through its LayerNorms and gates, folded away at the cut
+        result, model = namespace["result"], namespace["model"]
+        assert result.budget["achieved"] <= 0.5 * result.budget["full"]
+        mlp = result.model.features[1][0].block
+        assert mlp[3].in_features < 96 and mlp[3].out_features == mlp[5].in_features < 384
+        assert not any(isinstance(m, layers.ChannelGate) for m in result.model.modules())
+        assert sum(isinstance(m, layers.ChannelGate) for m in model.modules()) == 18
+        return
     if "sparsity.apply()" in code:  # the training loop, prune, save and reload
         out = capsys.readouterr().out
         assert "% of |gamma| under 1e-2" in out and "feature.1" in out
