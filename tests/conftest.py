@@ -6,6 +6,7 @@ import zlib
 
 import pytest
 import torch
+from slimming.models.layers import is_factor_layer
 from slimming.models.vgg import DEFAULT_CFGS
 from torch import nn
 
@@ -35,18 +36,19 @@ def randomize_bn(model: nn.Module, gen: torch.Generator, zero_frac: float = 0.0)
 
 
 def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.5) -> None:
-    """Gammas as sparsity training leaves them, in every BatchNorm and GroupNorm: a fraction
-    ``small`` near zero (1e-3 of their size), the rest in (0.1, 1), signs mixed; random betas
-    and running statistics."""
+    """Gammas as sparsity training leaves them, in every scaling factor (BatchNorm, GroupNorm,
+    LayerNorm, gate): a fraction ``small`` near zero (1e-3 of their size), the rest in (0.1, 1),
+    signs mixed; random betas and running statistics."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)) and m.weight is not None:
+            if is_factor_layer(m) and getattr(m, "weight", None) is not None:
                 n = m.weight.numel()
                 w = (torch.rand(n, generator=g) * 0.9 + 0.1) * torch.sign(torch.randn(n, generator=g))
                 w[torch.rand(n, generator=g) < small] *= 1e-3
-                m.weight.copy_(w)
-                m.bias.copy_(torch.randn(n, generator=g) * 0.3)
+                m.weight.copy_(w.view_as(m.weight))
+                if getattr(m, "bias", None) is not None:
+                    m.bias.copy_(torch.randn(n, generator=g).view_as(m.bias) * 0.3)
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.running_mean is not None:
                 m.running_mean.copy_(torch.randn(n, generator=g) * 0.2)
                 m.running_var.copy_(torch.rand(n, generator=g) + 0.5)

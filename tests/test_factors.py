@@ -52,6 +52,19 @@ NETWORKS = {"GroupNormHead": GroupNormHead, "torchvision resnet18 (GroupNorm)": 
             "timm resnet50_gn": _timm("resnet50_gn")}
 
 
+def cut_at_random(model, seed):
+    """``model`` pruned (no compensation) at a seeded random percent on a seeded batch of two,
+    after the check that it equals its zeroed original; (result, batch, percent)."""
+    percent = random.Random(seed).uniform(0.2, 0.5)
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+    return result, x, percent
+
+
 def group_norms(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.GroupNorm)]
 
@@ -63,13 +76,7 @@ def test_a_groupnorm_network_is_cut_by_whole_groups_exactly(name, seed, tmp_path
     model = NETWORKS[name]().eval()
     assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     sparsity_shaped(model, seed)
-    percent = random.Random(seed).uniform(0.2, 0.5)
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False)
-    with torch.no_grad():
-        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+    result, x, percent = cut_at_random(model, seed)
     assert sum(p.numel() for p in result.model.parameters()) < sum(p.numel() for p in model.parameters())
     sizes = []
     for gn_name, gn in group_norms(model):  # whole groups, and num_groups follows them
@@ -256,17 +263,6 @@ def layer_norms(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
 
 
-def sparse_layer_norms(model, seed):
-    """LayerNorm gammas as sparsity training leaves them (half near zero), random betas."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, m in layer_norms(model):
-            w = torch.rand(m.weight.shape, generator=g) * 0.9 + 0.1
-            w[torch.rand(w.shape, generator=g) < 0.5] *= 1e-3
-            m.weight.copy_(w * torch.sign(torch.randn(w.shape, generator=g)))
-            m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.3)
-
-
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(LN_NETWORKS))
 def test_a_layernorm_network_is_cut_exactly_by_its_gammas(name, seed, tmp_path):
@@ -276,14 +272,8 @@ def test_a_layernorm_network_is_cut_exactly_by_its_gammas(name, seed, tmp_path):
     normalising over its kept channels; saved and loaded back, it is the same network."""
     torch.manual_seed(seed)
     model = LN_NETWORKS[name]().eval()
-    sparse_layer_norms(model, seed)
-    percent = random.Random(seed).uniform(0.2, 0.5)
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False)
-    with torch.no_grad():
-        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+    sparsity_shaped(model, seed)
+    result, x, percent = cut_at_random(model, seed)
     ranked, cut = result.ranked
     assert cut == math.floor(percent * ranked) and cut > 0
     for ln_name, ln in layer_norms(result.model):  # every LayerNorm set to its kept width
@@ -353,7 +343,6 @@ def test_a_block_whose_cut_fails_the_check_is_kept_whole_and_the_rest_still_cut(
     torch.manual_seed(0)
     model = ReadsItsWidth().eval()
     sparsity_shaped(model, 0)
-    sparse_layer_norms(model, 0)
     x = torch.randn(2, 3, 32, 32)
     with pytest.warns(UserWarning, match="every WidthFromInput is kept whole"):
         result = slimming.prune(model, percent=0.3, example_inputs=x[:1], compensate=False)

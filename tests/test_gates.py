@@ -3,15 +3,13 @@ ConvNeXt and vision transformers). ``add_gates`` finds those widths by the trace
 trains the gates, ``prune`` cuts by them exactly and folds them into the layers they feed, so
 the pruned network has no extra module; checkpoints of a gated run rebuild their gates."""
 
-import random
-import warnings
 
 import pytest
 import torch
-from conftest import rel_diff, zeroed
+from conftest import rel_diff, sparsity_shaped
 from slimming.models.gates import fold, gated_layers
 from slimming.models.layers import ChannelGate
-from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, sparse_layer_norms
+from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, cut_at_random
 from torch import nn
 
 import slimming
@@ -23,15 +21,6 @@ def gates(model):
 
 def reads(layer: nn.Module) -> int:
     return layer.in_features if isinstance(layer, nn.Linear) else layer.in_channels
-
-
-def sparse_gates(model, seed):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, m in gates(model):
-            w = torch.rand(m.weight.shape, generator=g) * 0.9 + 0.1
-            w[torch.rand(w.shape, generator=g) < 0.5] *= 1e-3
-            m.weight.copy_(w)
 
 
 EXPECTED = {  # where the trace must put gates: before every MLP's second layer, nowhere else
@@ -66,17 +55,10 @@ def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
 def test_a_gated_network_is_cut_exactly_and_its_gates_fold_away(name, seed, tmp_path):
     torch.manual_seed(seed)
     model = LN_NETWORKS[name]().eval()
-    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(seed))
-    slimming.add_gates(model, x[:1])
-    sparse_layer_norms(model, seed)
-    sparse_gates(model, seed)
+    slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
+    sparsity_shaped(model, seed)  # the LayerNorms' gammas and the gates
     hidden = {n: reads(model.get_submodule(n)) for n in EXPECTED[name]}
-    percent = random.Random(seed).uniform(0.2, 0.5)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        result = slimming.prune(model, percent=percent, example_inputs=x[:1], compensate=False)
-    with torch.no_grad():
-        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+    result, x, _ = cut_at_random(model, seed)
     assert not gates(result.model) and not any(m._forward_pre_hooks for m in result.model.modules())
     assert len(gates(model)) == len(EXPECTED[name])  # the original keeps its gates
     for reader, width in hidden.items():  # every hidden width cut by its gate's mask
