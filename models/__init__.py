@@ -58,9 +58,9 @@ def build(arch: str, cfg: list | dict | None = None, *, empty: bool = False,
 
 def describe_cfg(cfg: list | dict | None) -> str:
     """A cfg for one line of text: a family's list as it is; a traced network's
-    {BatchNorm name: width} as a count (the widths are in the checkpoint)."""
+    {factor layer name: width} as a count (the widths are in the checkpoint)."""
     if isinstance(cfg, dict):
-        return f"pruned widths of {len(cfg)} BatchNorm layers"
+        return f"pruned widths of {len(cfg)} layers"
     return "default widths" if cfg is None else str(cfg)
 
 

@@ -169,3 +169,24 @@ def test_a_timm_vision_transformer_is_built_for_the_image_size_asked():
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     cnn = slimming.models.build("timm:convnext_atto", num_classes=10, input_size=[3, 32, 32])
     assert cnn(torch.zeros(2, 3, 32, 32)).shape == (2, 10)  # a CNN takes no img_size: built as it is
+
+
+def test_the_pipeline_with_gates_reports_every_cut_layer_gates_included(tmp_path):
+    """A ConvNeXt through ``pipeline --gates``: the report lists the LayerNorms and the gates
+    (folded away, so the pruned network has none) with their widths before and after."""
+    pytest.importorskip("timm")
+    import json
+
+    from slimming.cli import main
+
+    assert main(["pipeline", "--arch", "timm:convnext_atto", "--gates", "--dataset", "synthetic",
+                 "--epochs", "1", "--finetune-epochs", "1", "--sparsity", "1e-3", "--percent", "0.3",
+                 "--repeats", "0", "--seed", "0", "--cpu", "--batch-size", "128",
+                 "--save", str(tmp_path / "run")]) == 0
+    layers = {name: (before, after) for name, before, after in
+              json.loads((tmp_path / "run" / "report.json").read_text())["layers"]}
+    assert len(layers) == 29 and layers["stages.3.blocks.1.mlp.fc2.slimming_gate"][0] == 1280
+    pruned = slimming.load_model(tmp_path / "run" / "pruned" / "pruned.pth")
+    for name, (_, after) in layers.items():
+        if not name.endswith("slimming_gate"):
+            assert pruned.get_submodule(name).weight.numel() == after

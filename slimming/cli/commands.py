@@ -159,7 +159,8 @@ def recalibrate(args, model: nn.Module, data, device: torch.device) -> None:
     """``--recalibrate-bn N``: the pruned network's BatchNorm statistics, re-estimated on N
     batches of ``data`` (the loaders of the checkpoint's data, or of the data flags given)."""
     seen = recalibrate_bn(model, data[0], args.recalibrate_bn, device)
-    print(f"BatchNorm statistics re-estimated on {seen:,} training images ({args.dataset})")
+    print(f"BatchNorm statistics re-estimated on {seen:,} training images ({args.dataset})" if seen
+          else "no BatchNorm statistics to re-estimate (the network has no BatchNorm)")
 
 
 def prune_data(args, ckpt: dict, device: torch.device):

@@ -40,7 +40,8 @@ class PrunedCheckpoint:
         """The pruned checkpoint (rebuilds as ``Net(cfg)``, records its masks and its source);
         ``fields``: more to record (``data``, ``args``)."""
         r, src = self.result, self.source
-        return checkpoint_dict(r.model, cfg_mask=r.cfg_mask, threshold=r.threshold,
+        return checkpoint_dict(r.model, cfg_mask=r.cfg_mask, layer_names=r.layer_names,
+                               threshold=r.threshold,
                                percent=self.percent if self.percent is not None else self.removed(),
                                budget=r.budget or None, compensation=r.compensation or None,
                                source_acc=src.get("acc"),

@@ -33,6 +33,7 @@ from ..errors import SlimmingError, clip
 from ..io.checkpoint import load_checkpoint, model_from_checkpoint
 from ..measure.stats import input_size_of, model_stats
 from ..models import describe_cfg
+from ..models.layers import factor_width, is_factor_layer
 from ..pruning.select import prunable_factors
 from ..utils.files import write_text
 from . import plots
@@ -126,10 +127,16 @@ def _read_eval(path: Path) -> float:
     return acc
 
 
-def _layers(masks, model: nn.Module, path: Path) -> list[tuple[str, int, int]]:
-    """(BN layer name, channels before, after) from a pruned checkpoint's ``cfg_mask``."""
+def _layers(masks, model: nn.Module, path: Path, names=None) -> list[tuple[str, int, int]]:
+    """(layer name, channels before, after) from a pruned checkpoint's ``cfg_mask``: one mask per
+    layer it names (``layer_names``: the original's factor layers, gates folded away since
+    included), or, in a file without them, per BatchNorm2d of the network."""
     fix = "prune again (slimming prune, or delete it and rerun slimming pipeline)"
-    bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+    found = dict(model.named_modules())
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        bns = [(n, found.get(n)) for n in names]
+    else:
+        bns = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
     if not isinstance(masks, (list, tuple)):
         raise SlimmingError(f"{path}: cfg_mask is a {type(masks).__name__}, not a list of bool "
                             f"masks; {fix}")
@@ -142,9 +149,11 @@ def _layers(masks, model: nn.Module, path: Path) -> list[tuple[str, int, int]]:
                 or mask.layout != torch.strided):
             raise SlimmingError(f"{path}: cfg_mask[{i}] is not a 1-d bool tensor; {fix}")
         kept = int(mask.sum())
-        if kept != bn.num_features:
+        # None: a gate, folded into the layer it fed (or a name that is no factor layer)
+        width = factor_width(bn) if bn is not None and is_factor_layer(bn) else None
+        if width is not None and kept != width:
             raise SlimmingError(f"{path}: cfg_mask[{i}] keeps {kept} channels but layer {name} "
-                                f"has {bn.num_features}; {fix}")
+                                f"has {width}; {fix}")
         layers.append((name, int(mask.numel()), kept))
     return layers
 
@@ -183,7 +192,7 @@ def build_report(run: str | Path, latency_repeats: int = 10,
             report["threshold"] = _number(ckpt.get("threshold"))
             report["percent"] = _number(ckpt.get("percent"))
             if ckpt.get("cfg_mask") is not None:
-                report["layers"] = _layers(ckpt["cfg_mask"], model, path)
+                report["layers"] = _layers(ckpt["cfg_mask"], model, path, ckpt.get("layer_names"))
         epochs = ckpt.get("epoch")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or not 0 <= epochs <= MAX_EPOCH:
             epochs = None
