@@ -33,8 +33,8 @@ SPATIAL_OPS = {op for op in ZERO_OPS if "pool" in op or "upsample" in op} | {
     "interpolate", "pad", "pixel_unshuffle", "dropout1d", "dropout2d", "dropout3d", "feature_dropout"}
 # Results about a tensor, not its values
 META_OPS = {"get", "size", "dim", "numel", "shape", "is_floating_point", "is_contiguous", "is_nested",
-            "element_size", "stride", "data_ptr", "get_device", "is_complex", "storage_offset", "ndimension",
-            "nelement",
+            "element_size", "stride", "data_ptr", "get_device", "is_complex", "storage_offset",
+            "ndimension", "nelement",
             "has_names", "names", "dtype", "device", "is_cuda", "layout", "requires_grad_", "len",
             "format", "repr", "hash", "ndim", "grad_fn", "is_leaf", "grad", "is_sparse", "is_meta",
             "is_quantized", "itemsize", "nbytes", "requires_grad", "is_mkldnn", "output_nr"}

@@ -134,7 +134,8 @@ class PruneResult:
 
     model: nn.Module
     # a family's widths; for a traced network {factor layer name: width}, the factor layers being
-    # its BatchNorms and GroupNorms (``slimming.models.layers.is_factor_layer``)
+    # its BatchNorms, GroupNorms and LayerNorms (``slimming.models.layers.is_factor_layer``; gates
+    # are in cfg_mask and masks, not here: folded away)
     cfg: list | dict
     cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d (a family) or factor layer, modules() order
     threshold: float | None  # largest score removed (percent) or the threshold given

@@ -20,7 +20,8 @@ convolutions' arithmetic, most of a forward's time, is skipped: a convolution gi
 the shape it would give (with a real image as the example, everything is computed).
 
 Decided at the end, not at the op: an op whose channels cannot be followed one by one (an
-attention reshape, a LayerNorm over the channels, an op it does not know) keeps every channel
+attention reshape it cannot pair, an RMSNorm over the channels, an op it does not know; a
+LayerNorm over them is followed, ``rule_layer_norm``) keeps every channel
 it reads (pinned) and makes new channels that are kept whole; the rest of the network is still
 cut, exactly. One warning lists, by module type, each such op that kept channels a BatchNorm
 scores (most sit on channels nothing scores, and say nothing). An in-place write through a view
