@@ -45,13 +45,14 @@ def attach(model: nn.Module, layers: dict[str, int] | list[str]) -> list[str]:
     name that is no such layer."""
     names = list(layers)
     found = dict(model.named_modules())
+    widths = {}
     for name in names:
         m = found.get(name)
         if not isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) or getattr(m, "groups", 1) != 1 \
                 or getattr(m, "transposed", False):
             raise SlimmingError(f"add_gates: {clip(name)} is no linear layer or convolution of one group of "
                                 f"{type(model).__name__}", param="at")
-        width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
+        widths[name] = width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
         if isinstance(layers, dict) and layers[name] != width:
             raise SlimmingError(f"add_gates: {clip(name)} reads {width} channels, not {layers[name]}",
                                 param="at")
@@ -60,8 +61,8 @@ def attach(model: nn.Module, layers: dict[str, int] | list[str]) -> list[str]:
         if isinstance(getattr(m, ATTR, None), ChannelGate):
             continue
         p = next(m.parameters())
-        width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
-        m.add_module(ATTR, ChannelGate(width, -1 if isinstance(m, nn.Linear) else 1).to(p.device, p.dtype))
+        gate = ChannelGate(widths[name], -1 if isinstance(m, nn.Linear) else 1)
+        m.add_module(ATTR, gate.to(p.device, p.dtype))
         m.register_forward_pre_hook(_apply)
     return names
 

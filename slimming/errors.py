@@ -67,6 +67,11 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text
 
 
+def listed(names: list[str], most: int = 3) -> str:
+    """The first ``most`` names, then how many more: "a, b, c and 9 more"."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
 def clip(value, limit: int = 80) -> str:
     """A value read from a file, for a one-line message: a printable string as it is, anything
     else (a newline, a terminal escape, a non-string) as ``ascii()`` writes it, and cut to about

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import DataError, SlimmingError, clip, first_line
+from ..errors import DataError, SlimmingError, clip, first_line, listed
 from ..io.checkpoint import save_checkpoint
 from ..measure.stats import (
     channels_last_note,
@@ -76,15 +76,11 @@ def new_model(args) -> MakeModel:
         if getattr(args, "gates", False):
             gated = add_gates(model)
             if int(os.environ.get("RANK", 0)) == 0:  # once under torchrun
-                print(f"gates before {len(gated)} layers" + (f": {_names(gated)}" if gated else
+                print(f"gates before {len(gated)} layers" + (f": {listed(gated)}" if gated else
                                                             " (every width has a scaling factor)"))
         return model, {}
 
     return make_model
-
-
-def _names(names: list[str], most: int = 3) -> str:
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def checkpoint_model(ckpt: dict, path, model: nn.Module) -> MakeModel:

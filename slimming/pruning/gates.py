@@ -44,7 +44,7 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=()) -> l
         layer = model.get_submodule(name)
         allowed = {UNSCORED, f"{name} reads it before any BatchNorm or other scaling factor"}
         if whole and kind in ("linear_in", "conv_in") and getattr(layer, "groups", 1) == 1 \
-                and set(g.reasons) <= allowed and name not in chosen:
+                and set(g.reasons) <= allowed:
             chosen.append(name)
     attach(model, chosen)
     return list(gated_layers(model))

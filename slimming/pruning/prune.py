@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import SlimmingError, first_line
+from ..errors import SlimmingError, first_line, listed
 from ..models.common import BN_STATE
 from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
@@ -239,7 +239,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
                 result.verified = _checked(model, result, example)
             except GraphError as e:
                 if plan.sized:
-                    warnings.warn(f"the channels of {_names(plan.sized)} are kept: cut, the network did "
+                    warnings.warn(f"the channels of {listed(plan.sized)} are kept: cut, the network did "
                                   f"not match ({first_line(e, 160)}); its forward reads widths the cut "
                                   "cannot set", stacklevel=3)
                     return attempt(False, kept)
@@ -446,10 +446,6 @@ def _block_of(model: nn.Module, name: str | None) -> type | None:
             return type(module)
         name = name.rpartition(".")[0]
     return None
-
-
-def _names(names: list[str], most: int = 3) -> str:
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_whole=(),
