@@ -21,8 +21,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import torch.distributed as torch_dist
-
 from ..errors import SlimmingError
 from ..io.checkpoint import load_checkpoint, load_model, model_from_checkpoint
 from ..measure.stats import count_flops, count_params, input_size_of
@@ -30,7 +28,7 @@ from ..models.external import is_user_code
 from ..pruning.budget import parse_budget
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
 from ..training.config import TrainConfig
-from ..training.distributed import DistInfo, distributed_session
+from ..training.distributed import DistInfo, broadcast_flag, distributed_session
 from ..training.runs import check_output, default_data, device_for, native_size, plain, plain_args
 from ..training.train import train
 from ..utils.files import RunLock, write_text
@@ -46,9 +44,7 @@ def on_main(dist: DistInfo, work: Callable[[], None]) -> None:
         ok = True
     finally:
         if dist.enabled:
-            flag = [ok]
-            torch_dist.broadcast_object_list(flag, src=0)  # also the barrier
-            if not flag[0] and not dist.is_main:
+            if not broadcast_flag(ok) and not dist.is_main:  # also the barrier
                 raise SlimmingError("rank 0 failed (its message says why); stopping")
 
 

@@ -15,8 +15,10 @@ made in Python takes the GIL; CPython ends a thread that takes the GIL while the
 is finalizing with ``pthread_exit``, and that unwinding through gloo's C++ destructor calls
 ``std::terminate`` ("terminate called without an active exception", SIGABRT). Rank 1, with no
 checkpoints to write, used to exit right after its last ``all_reduce`` and hit that now and
-then. Hence ``all_reduce_sum`` waits for the worker to let go of its tensor, and the owner
-holds a barrier before destroying the group: no rank leaves while others still work, and
+then; so did either rank after the pipeline's last ``broadcast_object_list`` (a core dump showed
+the worker in ``~AsyncWork`` taking the GIL during ``Py_FinalizeEx``). Hence every collective
+here (``all_reduce_sum``, ``broadcast_flag``) waits for the worker to let go of its tensor, and
+the owner holds a barrier before destroying the group: no rank leaves while others still work, and
 while a rank waits there (GIL released) its workers finish whatever they still hold.
 """
 
@@ -80,14 +82,32 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     For a CPU tensor (gloo) this also waits until gloo's worker thread has dropped its
     reference to ``t``, so that the caller, not the worker, frees it (see the module docstring)."""
     if group_exists():
-        use_count = getattr(t, "_use_count", None)  # private torch API: skip the wait without it
-        refs = use_count() if use_count else 0
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        if use_count and t.device.type == "cpu":
-            deadline = time.monotonic() + 10.0
-            while use_count() > refs and time.monotonic() < deadline:
-                time.sleep(0.0005)  # releases the GIL, which the worker needs to let go
+        _released(t, lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM))
     return t
+
+
+def broadcast_flag(flag: bool) -> bool:
+    """Rank 0's ``flag`` on every rank (``flag`` itself when not distributed); also a barrier.
+    A tensor of our own, released as ``all_reduce_sum``'s is: ``broadcast_object_list`` leaves
+    its tensors to gloo's worker, which then freed them while the interpreter exited (an abort
+    caught in a core dump, 1 pipeline in 40 under load)."""
+    if not group_exists():
+        return flag
+    t = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    _released(t, lambda: dist.broadcast(t, src=0))
+    return bool(t.item())
+
+
+def _released(t: torch.Tensor, collective) -> None:
+    """Run ``collective`` on ``t``; for a CPU tensor (gloo), wait until gloo's worker thread
+    has dropped its reference to ``t`` (at most 10 s)."""
+    use_count = getattr(t, "_use_count", None)  # private torch API: skip the wait without it
+    refs = use_count() if use_count else 0
+    collective()
+    if use_count and t.device.type == "cpu":
+        deadline = time.monotonic() + 10.0
+        while use_count() > refs and time.monotonic() < deadline:
+            time.sleep(0.0005)  # releases the GIL, which the worker needs to let go
 
 
 def barrier() -> None:
