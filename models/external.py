@@ -26,7 +26,7 @@ import re
 import torch
 from torch import nn
 
-from ..errors import clip, first_line, is_out_of_memory
+from ..errors import CheckpointError, clip, first_line, is_out_of_memory
 from ..utils.modules import set_tensor
 from .layers import is_layer, resize_layer
 
@@ -238,3 +238,26 @@ def resize_like(model: nn.Module, state_dict: dict, path: str = "checkpoint") ->
             if isinstance(t, torch.Tensor) and isinstance(new, torch.Tensor) and new.shape != t.shape \
                     and new.dim() == t.dim() and all(a <= b for a, b in zip(new.shape, t.shape)):
                 _empty_like(m, key, tuple(new.shape), key in m._parameters)
+
+
+def int_attributes(model: nn.Module) -> dict[str, int]:
+    """{"module.attribute": value} for every public integer attribute of ``model``'s modules."""
+    return {f"{name}.{attr}" if name else attr: v for name, m in model.named_modules()
+            for attr, v in vars(m).items() if type(v) is int and not attr.startswith("_")}
+
+
+def set_int_attributes(model: nn.Module, widths, path) -> None:
+    """The saved integer attributes (``int_attributes``: the widths and numbers of heads a
+    cut set), set where the fresh model has that attribute as an int of at least that value (a
+    cut only lowers widths; a file cannot raise one)."""
+    if widths is None:
+        return  # a file from before they were saved
+    if not isinstance(widths, dict) or not all(isinstance(k, str) and type(v) is int
+                                               for k, v in widths.items()):
+        raise CheckpointError(f"{path}: its widths are not integer attributes by name")
+    modules = dict(model.named_modules())
+    for key, value in widths.items():
+        name, _, attr = key.rpartition(".")
+        m = modules.get(name)
+        if m is not None and type(vars(m).get(attr)) is int and 0 <= value <= vars(m)[attr]:
+            setattr(m, attr, value)

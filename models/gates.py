@@ -1,5 +1,6 @@
 """Gates: a per-channel scaling factor where a network has none (a transformer's or ConvNeXt's
-MLP hidden width, between its two linear layers). A ``ChannelGate`` (ones at the start) scales
+MLP hidden width, between its two linear layers), or one per attention head (``HeadGate``,
+before the projection that reads the heads merged). A ``ChannelGate`` (ones at the start) scales
 the input of the layer that reads those channels, from a forward pre-hook on that layer, so the
 network's code and its other state_dict keys stay as they were; the gate is the reader's child
 ``slimming_gate`` (``fc2.slimming_gate.weight``). ``Sparsity`` trains it toward zero as the
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, clip
-from .layers import ChannelGate
+from .layers import ChannelGate, HeadGate
 
 ATTR = "slimming_gate"
 
@@ -32,17 +33,20 @@ def _apply(module: nn.Module, args: tuple):
     return (gate(args[0]), *args[1:])
 
 
-def gated_layers(model: nn.Module) -> dict[str, int]:
-    """{reader name: its gate's width} for every layer of ``model`` with a gate."""
+def gated_layers(model: nn.Module, heads: bool = False) -> dict[str, int]:
+    """{reader name: its gate's width} for every layer of ``model`` with a gate per channel;
+    ``heads``: {reader name: number of heads} for those with a gate per head instead."""
     return {name: getattr(m, ATTR).weight.numel() for name, m in model.named_modules()
-            if isinstance(getattr(m, ATTR, None), ChannelGate)}
+            if isinstance(getattr(m, ATTR, None), ChannelGate)
+            and isinstance(getattr(m, ATTR), HeadGate) == heads}
 
 
-def attach(model: nn.Module, layers: dict[str, int] | list[str]) -> list[str]:
+def attach(model: nn.Module, layers: dict[str, int] | list[str], heads: bool = False) -> list[str]:
     """Give each named layer (a ``Linear``, or a convolution of one group) a gate of ones over
     the channels it reads (``layers``: names, or {name: width} as ``gated_layers`` gives); a
-    layer with one already keeps it. Returns the names. SlimmingError (nothing changed) for a
-    name that is no such layer."""
+    layer with a gate already keeps it. ``heads``: a gate per attention head instead, over the
+    heads it reads merged (``layers``: {name: number of heads}). Returns the names.
+    SlimmingError (nothing changed) for a name that is no such layer."""
     names = list(layers)
     found = dict(model.named_modules())
     widths = {}
@@ -53,15 +57,20 @@ def attach(model: nn.Module, layers: dict[str, int] | list[str]) -> list[str]:
             raise SlimmingError(f"add_gates: {clip(name)} is no linear layer or convolution of one group of "
                                 f"{type(model).__name__}", param="at")
         widths[name] = width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
-        if isinstance(layers, dict) and layers[name] != width:
-            raise SlimmingError(f"add_gates: {clip(name)} reads {width} channels, not {layers[name]}",
-                                param="at")
+        count = layers[name] if isinstance(layers, dict) else None
+        if heads and not (isinstance(count, int) and count >= 1 and width % count == 0):
+            raise SlimmingError(f"add_gates: {clip(name)} reads {width} channels, which are not "
+                                f"{clip(repr(count))} equal heads", param="at")
+        if not heads and count is not None and count != width:
+            raise SlimmingError(f"add_gates: {clip(name)} reads {width} channels, not {count}", param="at")
+        if heads:
+            widths[name] = count
     for name in names:
         m = found[name]
         if isinstance(getattr(m, ATTR, None), ChannelGate):
             continue
         p = next(m.parameters())
-        gate = ChannelGate(widths[name], -1 if isinstance(m, nn.Linear) else 1)
+        gate = (HeadGate if heads else ChannelGate)(widths[name], -1 if isinstance(m, nn.Linear) else 1)
         m.add_module(ATTR, gate.to(p.device, p.dtype))
         m.register_forward_pre_hook(_apply)
     return names
@@ -79,7 +88,10 @@ def fold(model: nn.Module) -> list[str]:
         w = m.weight
         shape = [1] * w.dim()
         shape[1] = -1
-        w.mul_(gate.weight.detach().to(w.dtype).view(shape))
+        scale = gate.weight.detach().to(w.dtype)
+        if isinstance(gate, HeadGate):  # each head's weight over its run of the columns
+            scale = scale.repeat_interleave(w.shape[1] // scale.numel())
+        w.mul_(scale.view(shape))
         del m._modules[ATTR]
         for key, hook in list(m._forward_pre_hooks.items()):
             if hook is _apply:

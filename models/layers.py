@@ -197,6 +197,22 @@ class ChannelGate(nn.Module):
         return f"{self.weight.numel()}, dim={self.dim}"
 
 
+class HeadGate(ChannelGate):
+    """A gate per attention head (``slimming.add_gates``): its input's channels along ``dim``
+    are the heads' outputs merged before the output projection, ``heads`` equal runs, each
+    scaled by its head's ``weight``. A zero gate silences the whole head, so the cut removes it
+    (its queries, keys and values) and ``num_heads`` falls with it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.dim % x.dim()
+        shape = [1] * (x.dim() + 1)
+        shape[d] = -1
+        return (x.unflatten(d, (self.weight.numel(), -1)) * self.weight.view(shape)).flatten(d, d + 1)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()} heads, dim={self.dim}"
+
+
 RULES: dict[str, LayerRule] = {
     "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
                      widths={"in_channels": "in", "out_channels": "out"}),
@@ -215,9 +231,12 @@ RULES: dict[str, LayerRule] = {
     "layer_norm": LayerNormRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True),
     "scale": ScaleRule(),
     "gate": LayerRule(carries={"weight": 0}, gated=True, scores=True),
+    # one weight per head: the trace gives it the heads' own space (``slimming.pruning.trace``)
+    "head_gate": LayerRule(carries={"weight": 0}, scores=True),
 }
 # type (or class name) -> kind
-MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn", ChannelGate: "gate"}
+MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn", ChannelGate: "gate",
+                                       HeadGate: "head_gate"}
 _RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
             (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"),
             (nn.LayerNorm, "layer_norm"))

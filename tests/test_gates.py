@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import rel_diff, sparsity_shaped
 from slimming.models.gates import fold, gated_layers
-from slimming.models.layers import ChannelGate
+from slimming.models.layers import ChannelGate, HeadGate
 from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, cut_at_random
 from torch import nn
 
@@ -34,6 +34,16 @@ EXPECTED = {  # where the trace must put gates: before every MLP's second layer,
 }
 
 
+HEADS = {  # a gate per head before every attention's output projection: {layer: heads}
+    "TinyViT": {f"blocks.{b}.proj": 3 for b in range(3)},
+    "timm vit_tiny_patch16_224": {f"blocks.{b}.attn.proj": 3 for b in range(12)},
+}
+
+
+def in_order(model, names) -> list[str]:
+    return [n for n, _ in model.named_modules() if n in set(names)]
+
+
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
     torch.manual_seed(0)
@@ -41,12 +51,16 @@ def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         before = model(x)
-    assert slimming.add_gates(model, x[:1]) == EXPECTED[name]
+    everything = in_order(model, [*EXPECTED[name], *HEADS.get(name, {})])
+    assert slimming.add_gates(model, x[:1]) == everything
     assert sorted(gated_layers(model)) == sorted(EXPECTED[name])
+    assert gated_layers(model, heads=True) == HEADS.get(name, {})
     with torch.no_grad():
         assert torch.equal(model(x), before)  # gates of ones
-    assert slimming.add_gates(model, x[:1]) == EXPECTED[name]  # again: the same gates, not two
-    assert len(gates(model)) == len(EXPECTED[name])
+    assert slimming.add_gates(model, x[:1]) == everything  # again: the same gates, not two
+    assert len(gates(model)) == len(everything)
+    plain = LN_NETWORKS[name]()
+    assert slimming.add_gates(plain, x[:1], heads=False) == EXPECTED[name]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -60,7 +74,7 @@ def test_a_gated_network_is_cut_exactly_and_its_gates_fold_away(name, seed, tmp_
     hidden = {n: reads(model.get_submodule(n)) for n in EXPECTED[name]}
     result, x, _ = cut_at_random(model, seed)
     assert not gates(result.model) and not any(m._forward_pre_hooks for m in result.model.modules())
-    assert len(gates(model)) == len(EXPECTED[name])  # the original keeps its gates
+    assert len(gates(model)) == len(EXPECTED[name]) + len(HEADS.get(name, {}))  # the original keeps them
     for reader, width in hidden.items():  # every hidden width cut by its gate's mask
         kept = int(result.masks[f"{reader}.slimming_gate"].sum())
         assert reads(result.model.get_submodule(reader)) == kept
@@ -190,3 +204,73 @@ def test_the_pipeline_with_gates_reports_every_cut_layer_gates_included(tmp_path
     for name, (_, after) in layers.items():
         if not name.endswith("slimming_gate"):
             assert pruned.get_submodule(name).weight.numel() == after
+
+
+HEAD_NETWORKS = {
+    "TinyViT, 4 heads": lambda: TinyViT(dim=32, heads=4),
+    "timm vit_tiny_patch16_224": LN_NETWORKS["timm vit_tiny_patch16_224"],
+    "timm swin (windows of 2)": LN_NETWORKS["timm swin (windows of 2)"],
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(HEAD_NETWORKS))
+def test_attention_heads_are_cut_whole_and_their_number_follows(name, seed, tmp_path):
+    """Gates per head, sparsity-shaped: the cut equals the original with the cut heads' gates
+    zeroed (``cut_at_random``); every attention keeps whole heads, the ones with the largest
+    gates, its number of heads set to them, its queries, keys and values three of each (and
+    Swin's relative position bias one column per head); the pruned network saves and loads."""
+    torch.manual_seed(seed)
+    model = HEAD_NETWORKS[name]().eval()
+    slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
+    heads = gated_layers(model, heads=True)
+    assert heads and all(isinstance(model.get_submodule(f"{n}.slimming_gate"), HeadGate) for n in heads)
+    sparsity_shaped(model, seed)
+    result, x, _ = cut_at_random(model, seed)
+    removed = 0
+    for proj, count in heads.items():
+        attn = result.model.get_submodule(proj.rpartition(".")[0])
+        keep = result.masks[f"{proj}.slimming_gate"]
+        gate = model.get_submodule(f"{proj}.slimming_gate").weight.detach().abs()
+        kept = int(keep.sum())
+        assert getattr(attn, "num_heads", getattr(attn, "heads", None)) == kept >= 1, proj
+        width = reads(result.model.get_submodule(proj))
+        assert width % kept == 0 and attn.qkv.out_features == 3 * width, proj
+        if kept < count:
+            assert gate[~keep].max() <= gate[keep].min(), proj
+        table = getattr(attn, "relative_position_bias_table", None)
+        assert table is None or table.shape[1] == kept
+        removed += count - kept
+    assert removed  # the sparse heads went
+    assert not gates(result.model)
+    fresh = HEAD_NETWORKS[name]()  # save_pruned keeps the numbers of heads
+    slimming.save_pruned(result.model, tmp_path / "h.pth")
+    loaded = slimming.load_pruned(tmp_path / "h.pth", fresh).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model(x))
+
+
+def test_a_checkpoint_of_a_transformer_cut_by_heads_rebuilds_its_numbers_of_heads(tmp_path):
+    """A timm ViT through ``checkpoint_dict`` / ``load_model`` (what the CLI writes and reads):
+    rebuilt from its arch, it takes its integer attributes from the file (``widths``), so each
+    attention runs with the heads it kept; a ``widths`` field of another type is refused."""
+    pytest.importorskip("timm")
+    model = slimming.models.build("timm:vit_tiny_patch16_224", num_classes=10, input_size=[3, 32, 32],
+                                  kwargs={"patch_size": 8}).eval()
+    slimming.add_gates(model)
+    sparsity_shaped(model, 3)
+    result, x, _ = cut_at_random(model, 3)
+    numbers = [b.attn.num_heads for b in result.model.blocks]
+    assert min(numbers) < 3
+    ckpt = slimming.checkpoint_dict(result.model, epoch=0)
+    assert ckpt["widths"]["blocks.0.attn.num_heads"] == numbers[0] and "head_gates" not in ckpt
+    slimming.save_checkpoint(ckpt, tmp_path / "p.pth")
+    loaded = slimming.load_model(tmp_path / "p.pth")
+    assert [b.attn.num_heads for b in loaded.blocks] == numbers
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model(x))
+    ckpt["widths"] = {"blocks.0.attn.num_heads": "2"}
+    slimming.save_checkpoint(ckpt, tmp_path / "bad.pth")
+    with pytest.raises(slimming.CheckpointError, match="its 'widths' is") as e:
+        slimming.load_model(tmp_path / "bad.pth")
+    assert "\n" not in str(e.value)

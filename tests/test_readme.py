@@ -61,6 +61,14 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
         with torch.no_grad():
             assert torch.equal(again.eval()(x), small.eval()(x))
         return
+    if "HeadGate" in code or "slimming_gate.weight[1] = 0" in code:  # a ViT's head cut whole
+        result, vit = namespace["result"], namespace["vit"]
+        attn = result.model.blocks[0].attn
+        assert attn.num_heads == 2 and attn.qkv.out_features == 3 * attn.proj.in_features == 3 * 128
+        assert [b.attn.num_heads for b in result.model.blocks[1:]] == [3] * 11  # their gates are ones
+        assert vit.blocks[0].attn.num_heads == 3 and result.verified < 1e-4
+        assert not any(isinstance(m, layers.ChannelGate) for m in result.model.modules())
+        return
     if "add_gates" in code:  # ConvNeXt through its LayerNorms and gates, folded away at the cut
         result, model = namespace["result"], namespace["model"]
         assert result.budget["achieved"] <= 0.5 * result.budget["full"]

@@ -307,7 +307,8 @@ def add_gates_flag(g) -> None:
     g.add_argument("--gates", action="store_true",
                    help="put a gate (a per-channel scaling factor, trained with --sparsity) before each "
                    "layer that reads a width nothing else scores (an MLP's hidden width: ConvNeXt, "
-                   "vision transformers); prune folds them away")
+                   "vision transformers), and one per head before each attention's output "
+                   "projection (heads are then cut whole); prune folds them away")
 
 
 def add_train_command(sub) -> None:

@@ -7,6 +7,9 @@ Format (``version`` 1)::
      "cfg": None | [widths...],          # None: the family's default widths
      "cfg_mask": None | [bool tensor per BatchNorm2d of the network it was pruned from],
      "gates": {layer name: width} (only for a run with gates: slimming.add_gates, --gates),
+     "head_gates": {layer name: number of heads} (the same, for gates per attention head),
+     "widths": {"module.attribute": int} (a pruned torchvision/timm/user network: the
+               integer attributes the cut set, such as an attention's num_heads),
      "state_dict": {...}, "epoch": completed epochs, "acc": test accuracy (%), "best_acc": ...,
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
@@ -31,7 +34,15 @@ from torch import nn
 from .. import models
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
 from ..models.common import ChannelSelect
-from ..models.external import check_forward, check_kwargs, is_external, is_user_code, resize_like
+from ..models.external import (
+    check_forward,
+    check_kwargs,
+    int_attributes,
+    is_external,
+    is_user_code,
+    resize_like,
+    set_int_attributes,
+)
 from ..models.gates import attach, gated_layers
 from ..utils.modules import unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
@@ -96,10 +107,14 @@ def _check_fields(ckpt: dict, path: Path) -> None:
     elif cfg is not None and (not isinstance(cfg, list) or not all(
             v == "M" or (_is_int(v) and v >= 1) for v in cfg)):
         raise bad("cfg", "expected None or a list of positive widths (and 'M')")
-    gates = ckpt.get("gates")
-    if gates is not None and (not isinstance(gates, dict) or not all(
-            isinstance(k, str) and _is_int(v) and v >= 1 for k, v in gates.items())):
-        raise bad("gates", "expected None or {layer name: the width its gate scales}")
+    for key, what in (("gates", "the width its gate scales"), ("head_gates", "the heads its gate scales"),
+                      ("widths", "an integer attribute's value")):
+        value = ckpt.get(key)
+        if value is not None and (not isinstance(value, dict) or not all(
+                isinstance(k, str) and _is_int(v) and (key == "widths" or v >= 1)
+                for k, v in value.items())):
+            named = "module.attribute" if key == "widths" else "layer name"
+            raise bad(key, f"expected None or {{{named}: {what}}}")
     masks = ckpt.get("cfg_mask")
     if masks is not None and (not isinstance(masks, list) or not all(
             isinstance(m, torch.Tensor) and m.dtype == torch.bool and m.dim() == 1 for m in masks)):
@@ -228,6 +243,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
     resize_like(model, sd, str(path))
+    set_int_attributes(model, ckpt.get("widths"), path)
     _gated(model, ckpt, path)
     state = _match_dtypes(sd, model.state_dict(), path)
     try:
@@ -247,11 +263,13 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
 def _gated(model: nn.Module, ckpt: dict, path) -> None:
     """The gates a checkpoint of a run with ``--gates`` says its network had, put back before
     its weights are loaded (``slimming.models.gates``)."""
-    if ckpt.get("gates"):
-        try:
+    try:
+        if ckpt.get("gates"):
             attach(model, ckpt["gates"])
-        except SlimmingError as e:
-            raise CheckpointError(f"{path}: its gates do not fit its network: {e}") from None
+        if ckpt.get("head_gates"):
+            attach(model, ckpt["head_gates"], heads=True)
+    except SlimmingError as e:
+        raise CheckpointError(f"{path}: its gates do not fit its network: {e}") from None
 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", arch: str | None = None,
@@ -271,7 +289,10 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
     else:
         default = models.build(model.arch, empty=True, **model.options).cfg
         cfg = None if model.cfg == default else model.cfg
-    gates = gated_layers(model)  # slimming.add_gates: rebuilt with them
+    gates = {key: found for key, found in (("gates", gated_layers(model)),  # slimming.add_gates
+                                           ("head_gates", gated_layers(model, heads=True))) if found}
+    if is_external(model.arch) and cfg:  # pruned: the integer attributes the cut set (num_heads)
+        gates["widths"] = int_attributes(model)
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
             "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
-            **({"gates": gates} if gates else {}), "state_dict": model.state_dict(), **fields}
+            **gates, "state_dict": model.state_dict(), **fields}

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
-from ..models.external import resize_like
+from ..models.external import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 
@@ -52,28 +52,6 @@ def _module(model) -> nn.Module:
     return unwrap(model)
 
 
-def int_attributes(model: nn.Module) -> dict[str, int]:
-    """{"module.attribute": value} for every public integer attribute of ``model``'s modules."""
-    return {f"{name}.{attr}" if name else attr: v for name, m in model.named_modules()
-            for attr, v in vars(m).items() if type(v) is int and not attr.startswith("_")}
-
-
-def _set_widths(model: nn.Module, widths, path) -> None:
-    """The saved integer attributes, set where the fresh model has that attribute as an int of
-    at least that value (a cut only lowers widths; a file cannot raise one)."""
-    if widths is None:
-        return  # a file from before they were saved
-    if not isinstance(widths, dict) or not all(isinstance(k, str) and type(v) is int
-                                               for k, v in widths.items()):
-        raise CheckpointError(f"{path}: its widths are not integer attributes by name")
-    modules = dict(model.named_modules())
-    for key, value in widths.items():
-        name, _, attr = key.rpartition(".")
-        m = modules.get(name)
-        if m is not None and type(vars(m).get(attr)) is int and 0 <= value <= vars(m)[attr]:
-            setattr(m, attr, value)
-
-
 def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) -> nn.Module:
     """``model`` (a freshly built, unpruned instance of the class that was pruned) given the
     widths and weights saved in ``path``, in place; returned in eval mode. Every layer takes the
@@ -101,7 +79,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
     meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
     with torch.no_grad(), restored_on_error(model):
         resize_like(model, state, str(path))
-        _set_widths(model, blob.get("widths"), path)
+        set_int_attributes(model, blob.get("widths"), path)
         try:  # an instance built on the meta device takes the file's tensors themselves
             model.load_state_dict(state, strict=True, assign=meta)
         except (RuntimeError, KeyError, TypeError) as e:

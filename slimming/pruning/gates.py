@@ -1,5 +1,5 @@
 """``slimming.add_gates``: a per-channel scaling factor (``slimming.models.gates``) where a width
-has none, found by the trace or named by the user."""
+has none, found by the trace or named by the user, and a gate per attention head."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .prune import default_example
 from .trace import trace
 
 
-def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=()) -> list[str]:
+def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), heads: bool = True) -> list[str]:
     """Give ``model`` (in place) a gate of ones before each layer that reads a width nothing
     scores, so that sparsity training and ``prune`` can slim it; returns the names of the
     layers with a gate, in the model's order.
@@ -22,18 +22,27 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=()) -> l
     convolution of one group that alone reads every channel another such layer makes, where no
     BatchNorm, GroupNorm or LayerNorm scores them and nothing else keeps them (an MLP's hidden
     width: ``fc1 -> GELU -> fc2`` gets a gate before ``fc2``). ``ignore``: as ``prune`` takes it.
-    A layer with a gate keeps it. At the cut the gates fold into those layers and disappear."""
+    A layer with a gate keeps it. At the cut the gates fold into those layers and disappear.
+
+    ``heads`` (default): also a gate per attention head (``HeadGate``) before each layer that
+    reads an attention's heads merged (its output projection), where the trace follows the
+    heads (the module holds their number, ``num_heads``, and splits a layer's output into
+    them); ``prune`` then cuts heads whole and sets ``num_heads``."""
     model = unwrap(model)
     if at is not None:
         attach(model, [at] if isinstance(at, str) else list(at))
-        return list(gated_layers(model))
+        return _gated(model)
     graph = trace(model, default_example(model) if example_inputs is None else example_inputs, ignore)
     readers: dict[int, list] = {}
+    per_head: dict[str, int] = {}
     for use in graph.uses:
         if use.kind.endswith("_in"):
             m = graph.resolve(use.map)
             for r in {graph.find(s.space) for s in m.segs}:
                 readers.setdefault(r, []).append((use.module, use.kind, m))
+            found = graph.heads_of(use.map) if heads and use.kind in ("linear_in", "conv_in") else None
+            if found is not None and getattr(model.get_submodule(use.module), "groups", 1) == 1:
+                per_head[use.module] = found[1]
     chosen = []
     for g in graph.groups():
         found = readers.get(graph.find(g.spaces[0]), [])
@@ -47,4 +56,11 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=()) -> l
                 and set(g.reasons) <= allowed:
             chosen.append(name)
     attach(model, chosen)
-    return list(gated_layers(model))
+    attach(model, {name: n for name, n in per_head.items() if name not in chosen}, heads=True)
+    return _gated(model)
+
+
+def _gated(model: nn.Module) -> list[str]:
+    """Every layer with a gate (per channel or per head), in the model's order."""
+    gated = {**gated_layers(model), **gated_layers(model, heads=True)}
+    return [name for name, _ in model.named_modules() if name in gated]

@@ -186,6 +186,13 @@ class ChannelGraph:
         # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
         self.group_counts: dict[str, list[tuple[int, Map]]] = {}
         self.order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+        # attention heads: module -> (its heads' space, the integer attribute holding their
+        # number); a head's piece of the channels -> (heads' space, head); a head's channels
+        # (tied in every head) -> (heads' space, one piece of each head, in order)
+        self.head_modules: dict[str, tuple[int, str]] = {}
+        self.piece_head: dict[int, tuple[int, int]] = {}
+        self.heads: dict[int, tuple[int, list[int]]] = {}
+        self.merges: dict[str, list[Map]] = {}  # module -> the heads its forward merged (N, L, heads * D)
 
     def __repr__(self) -> str:
         groups = self.groups()
@@ -202,6 +209,7 @@ class ChannelGraph:
         new.borders = {k: list(v) for k, v in self.borders.items()}
         new.sides = {k: list(v) for k, v in self.sides.items()}
         new.group_counts = {k: list(v) for k, v in self.group_counts.items()}
+        new.merges = {k: list(v) for k, v in self.merges.items()}
         return new
 
     def kept_summary(self, limit: int = 6) -> str:
@@ -260,6 +268,34 @@ class ChannelGraph:
             whole = Map([Seg(p, 0, self.sizes[p], s.gated) for p in pieces])
             out.extend(self.resolve(whole.slice(s.start, s.start + s.length)).segs)
         return Map(out, m.factor, m.dim)
+
+    def mask_of(self, m: Map, group_masks: dict[int, torch.Tensor]) -> torch.Tensor:
+        """The keep-mask of ``m``'s channels (one per channel, before ``factor``): its groups'
+        masks (absent: all kept), and nothing of a head the heads' mask cuts."""
+        parts = []
+        for seg in self.resolve(m).segs:
+            whole = group_masks.get(self.find(seg.space))
+            part = torch.ones(seg.length, dtype=torch.bool) if whole is None \
+                else whole[seg.start:seg.start + seg.length]
+            head = self.piece_head.get(seg.space)
+            heads = None if head is None else group_masks.get(self.find(head[0]))
+            if heads is not None and not bool(heads[head[1]]):
+                part = torch.zeros(seg.length, dtype=torch.bool)
+            parts.append(part)
+        return torch.cat(parts) if parts else torch.ones(0, dtype=torch.bool)
+
+    def heads_of(self, m: Map) -> tuple[int, int] | None:
+        """(the heads' space, their number) where ``m`` is every head's channels merged in
+        order, one whole piece of each (the input of an attention's output projection)."""
+        segs = self.resolve(m).segs
+        found = [self.piece_head.get(s.space) for s in segs]
+        if not found or m.factor != 1 or any(h is None for h in found):
+            return None
+        space = found[0][0]
+        if [h for _, h in found] != list(range(self.sizes[space])) or any(h[0] != space for h in found) \
+                or any(s.start or s.length != self.sizes[s.space] for s in segs):
+            return None
+        return space, len(segs)
 
     def refine(self, m: Map, pieces: int) -> list[Map] | None:
         """Split the one whole, untied space ``m`` covers into ``pieces`` equal spaces of their

@@ -57,6 +57,7 @@ ELEMENTWISE = {"hardtanh", "clamp", "clip", "clamp_min", "clamp_max", "threshold
                "softshrink", "fill"}
 REDUCE_OPS = {"mean", "sum", "amax", "amin", "max", "min", "std", "var", "norm", "logsumexp", "prod"}
 SPLIT_OPS = {"chunk", "split", "tensor_split", "unbind", "split_with_sizes", "hsplit"}
+HEAD_ATTRS = ("num_heads", "heads", "n_heads", "n_head", "nhead", "num_attention_heads")  # a module's heads
 NORM_OPS = {"layer_norm", "local_response_norm", "rms_norm"}  # over all the channels: kept
 
 
@@ -226,12 +227,18 @@ class ChannelOps:
         for k in range(len(after)):  # split into blocks: (N, heads * D, L) -> (N, heads, D, L)
             for j in range(k + 1, len(after)):
                 if prefix[k] == head and prefix[j + 1] == head * c and after[j] > 1 and self.follow_sizes:
-                    return self.set(out, self.blocks(x, c // after[j], op).at(j))
+                    return self.set(out, self.blocks(x, c // after[j], op, after[k:j]).at(j))
         inner, starts = math.prod(before[d + 1:]), {math.prod(before[:m]) for m in range(d)}
         for k in range(len(after)):  # merged with the dims before it: (N, L, heads, D) -> (N, L, C)
             outer = after[k] // c if c and after[k] % c == 0 else 0
             if outer > 1 and prefix[k] * outer == head and prefix[k] in starts \
                     and math.prod(after[k + 1:]) == inner:
+                heads = self.g.heads.get(x.segs[0].space) if len(x.segs) == 1 else None
+                if heads is not None and len(heads[1]) == outer == before[d - 1]:  # heads merged, in order
+                    s = x.segs[0]
+                    merged = Map([Seg(p, s.start, s.length, s.gated) for p in heads[1]], 1, k)
+                    self.g.merges.setdefault(self.stack[-1], []).append(merged)  # its width: an attribute's
+                    return self.set(out, merged)
                 return self.set(out, Map(x.segs * outer, 1, k))  # channel c at every block
         # Kept, not followed: a channel shuffle's view, transpose, view interleaves the channels
         # of its groups (the same positions would have to be cut in channels the graph keeps
@@ -246,20 +253,57 @@ class ChannelOps:
             what = "a reshape that interleaves the channels with a dimension after them (a channel shuffle)"
         self.opaque(op, f"{what}: {before} to {after}", [x], out)
 
-    def blocks(self, x: Map, count: int, op: str) -> Map:
-        """The channels of ``x`` split into ``count`` equal blocks laid along a dimension of
-        their own (attention heads, the paths of a selective kernel): one position of the
-        channel dimension is a channel of every block, so the blocks are cut alike (tied
-        position by position); their map."""
+    def blocks(self, x: Map, count: int, op: str, shape: tuple[int, ...] = ()) -> Map:
+        """The channels of ``x`` split into ``count`` equal blocks laid along dimensions of
+        their own (``shape``: attention heads, the paths of a selective kernel): one position
+        of the channel dimension is a channel of every block, so the blocks are cut alike (tied
+        position by position); their map. Where one of those dimensions is the number of heads
+        the module holds (``num_heads``) and ``x`` is a layer's whole output, each block is
+        also known as its head's (``head_axis``), so that heads can be cut whole."""
         if count == 1:
             return x
-        self.g.sized.append(self.where())
+        where = self.where()
+        self.g.sized.append(where)
         n = x.channels // count
-        pieces = self.g.cut_into(x, [n] * count) or [x.slice(i * n, (i + 1) * n) for i in range(count)]
-        result = pieces[0]
-        for p in pieces[1:]:
-            result = self.g.tie(result, p, f"{self.where()}: {op} into blocks it cannot cut alike")
+        cut = self.g.cut_into(x, [n] * count)
+        pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
+        axis = self.head_axis(shape) if cut else None
+        if axis is not None:  # the heads' channels: a space of their own, tied to every block
+            space, _ = self.g.head_modules[self.stack[-1]]
+            result = Map([Seg(self.g.new_space(n), 0, n, x.segs[0].gated)], x.factor, x.dim)
+            firsts: dict[int, int] = {}
+            for i, p in enumerate(pieces):
+                h = i // math.prod(shape[axis + 1:]) % shape[axis]
+                self.g.piece_head[p.segs[0].space] = (space, h)
+                firsts.setdefault(h, p.segs[0].space)
+            self.g.heads[result.segs[0].space] = (space, [firsts[h] for h in range(shape[axis])])
+        else:
+            result, pieces = pieces[0], pieces[1:]
+        for p in pieces:
+            result = self.g.tie(result, p, f"{where}: {op} into blocks it cannot cut alike")
         return result
+
+    def head_axis(self, shape: tuple[int, ...]) -> int | None:
+        """Which of the block dimensions ``shape`` is the number of heads the running module
+        holds (an integer attribute named as the heads' number is: ``num_heads``, ``heads``):
+        the last of that size, next to the head's own channels as in (3, heads, head_dim) (a
+        wrong guess fails the check); its heads' space is made the first time. None where there
+        is none."""
+        if not self.stack or not shape:
+            return None
+        where = self.stack[-1]  # the module's name ("" for the model itself)
+        module = self.modules[where]
+        held = [(a, getattr(module, a)) for a in HEAD_ATTRS if type(getattr(module, a, None)) is int]
+        found = [(a, v, len(shape) - 1 - shape[::-1].index(v)) for a, v in held if v > 1 and v in shape]
+        if len(found) != 1:
+            return None
+        attr, count, axis = found[0]
+        known = self.g.head_modules.get(where)
+        if known is None:
+            self.g.head_modules[where] = (self.g.new_space(count), attr)
+        elif self.g.sizes[known[0]] != count:
+            return None
+        return axis
 
     def reduce(self, op: str, args, kwargs, out, inputs) -> None:
         """A reduction over other dims keeps the channels (pooling (N, C, H, W) to (N, C), or

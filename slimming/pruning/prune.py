@@ -338,8 +338,9 @@ def _checked(model: nn.Module, result: PruneResult, example) -> float:
     except GraphError:
         if not result.widths:
             raise
-    for name, attr, old, _, _ in result.widths:
-        setattr(result.model.get_submodule(name), attr, old)
+    for name, attr, old, _, sure in result.widths:  # the sure ones must follow their channels
+        if not sure:
+            setattr(result.model.get_submodule(name), attr, old)
     check(model, result, example)  # wrong whatever the widths: the GraphError stands
     _settle(result, lambda: check(model, result, example))
     return check(model, result, example)
@@ -347,10 +348,11 @@ def _checked(model: nn.Module, result: PruneResult, example) -> float:
 
 def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
             keep: Callable[[tuple], bool] | None = None) -> None:
-    """Put every integer width ``update_widths`` set back, then set each module's again where
-    ``test`` (the check) still passes with it, for at most ``most`` modules; ``keep``: the
-    changes kept without asking (with ``verify=False``, the sure ones only). Says which stay
-    as they were."""
+    """Put every integer width ``update_widths`` set back but the sure ones (a depthwise
+    filter's groups, an attention's number of heads: they must follow their channels), then
+    set each module's again where ``test`` (the check) still passes with it, for at most
+    ``most`` modules; ``keep``: the changes kept without asking (with ``verify=False``, the
+    sure ones only). Says which stay as they were."""
     by_module: dict[str, list] = {}
     for change in result.widths:
         by_module.setdefault(change[0], []).append(change)
@@ -360,13 +362,15 @@ def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
             setattr(result.model.get_submodule(name), attr, value if new else old)
 
     apply(result.widths, False)
-    kept = []
+    kept = [c for c in result.widths if c[4]]  # sure: a depthwise filter's groups, a number of heads
+    apply(kept, True)
     if keep is not None:
         kept = [c for c in result.widths if keep(c)]
         apply(kept, True)
         why = "verify=False: only the check vouches for them"
     else:
         for changes in list(by_module.values())[:most]:
+            changes = [c for c in changes if not c[4]]
             apply(changes, True)
             try:
                 test()

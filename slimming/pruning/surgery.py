@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from ..models.layers import RULES, is_layer
+from ..utils.modules import keep_slices
 from .graph import ChannelGraph, GraphError, Map, Use, structure_copy
 
 
@@ -25,17 +26,9 @@ def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str,
     """{module name: {"in"/"out"/"channels": bool mask}} for every module the masks cut.
     ``group_masks`` maps a space's root (``graph.find``) to its keep-mask; groups absent
     from it keep every channel."""
-    def mask_of(m: Map) -> torch.Tensor:
-        parts = []
-        for seg in graph.resolve(m).segs:
-            whole = group_masks.get(graph.find(seg.space))
-            parts.append(torch.ones(seg.length, dtype=torch.bool) if whole is None
-                         else whole[seg.start:seg.start + seg.length])
-        return torch.cat(parts).repeat_interleave(m.factor)
-
     out: dict[str, dict[str, torch.Tensor]] = {}
     for use in graph.uses:
-        mask = mask_of(use.map)
+        mask = graph.mask_of(use.map, group_masks).repeat_interleave(use.map.factor)
         slot = out.setdefault(use.module, {})
         key = side_of(use) if use.kind != "scale" else f"scale:{use.attrs['weight']}:{use.groups}"
         if key in slot and not torch.equal(slot[key], mask):
@@ -61,6 +54,12 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
         use = how.get(name)
         if use is not None:
             RULES[kind_of(use)].cut(m, keep, use.attrs, use.groups)
+    for name, heads in head_masks(graph, masks).items():  # per-head tensors of an attention cut by heads
+        m = new.get_submodule(name)
+        for key, p in list(m._parameters.items()):  # its own (a relative position bias table)
+            if p is not None and p.is_floating_point() and p.shape.count(len(heads)) == 1:
+                m._parameters[key] = nn.Parameter(keep_slices(p, heads, p.shape.index(len(heads))),
+                                                  requires_grad=p.requires_grad)
     shared = {id(t) for t in (*model.parameters(), *model.buffers())}
     for m in new.modules():  # everything not cut: its own copy, not the original's tensor
         for key, p in list(m._parameters.items()):
@@ -70,6 +69,19 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
             if b is not None and id(b) in shared:
                 m._buffers[key] = b.clone()
     return new
+
+
+def head_masks(graph: ChannelGraph, masks: dict[str, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """{attention module: keep-mask of its heads} for every attention whose heads the cut
+    removes (read off its head gate's mask in ``masks``)."""
+    gates = {graph.find(use.map.segs[0].space): use.module for use in graph.uses if use.kind == "head_gate"}
+    found = {}
+    for name, (space, _) in graph.head_modules.items():
+        gate = gates.get(graph.find(space))
+        keep = masks.get(gate, {}).get("channels") if gate else None
+        if keep is not None and not bool(keep.all()):
+            found[name] = keep
+    return found
 
 
 def kind_of(use: Use) -> str:
@@ -84,6 +96,7 @@ def side_of(use: Use) -> str:
 
 
 # integer attributes that never hold a width, whatever value they have
+# (a number of heads is set where the cut removes heads whole: ``graph.head_modules``)
 NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_heads", "heads", "depth",
               "num_layers", "n", "k", "s", "p", "d", "g", "e", "training", "num_classes", "img_size",
               "image_size", "input_size", "patch_size", "window_size", "resolution", "size", "seed",
@@ -113,8 +126,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     convolution the module's forward called on those channels (a blur filter's), which must
     follow them; the others ``prune``'s check vouches for."""
     def kept(m: Map) -> int:
-        return sum(int(group_masks[graph.find(s.space)][s.start:s.start + s.length].sum())
-                   if graph.find(s.space) in group_masks else s.length for s in graph.resolve(m).segs)
+        return int(graph.mask_of(m, group_masks).sum())
 
     def widths_of(maps: list[Map]) -> dict[int, set[int]]:
         widths: dict[int, set[int]] = {}
@@ -124,6 +136,12 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
         return widths
 
     unclear, changed = [], []
+    for name, (space, attr) in graph.head_modules.items():  # attention heads cut whole: their number
+        heads = group_masks.get(graph.find(space))
+        module = new.get_submodule(name)
+        if heads is not None and not bool(heads.all()) and getattr(module, attr, None) == len(heads):
+            changed.append((name, attr, len(heads), int(heads.sum()), True))  # must follow the heads
+            setattr(module, attr, changed[-1][3])
     for name, module in new.named_modules():
         if type(module).__module__.startswith("torch.") or is_layer(module):
             continue  # torch's own modules keep no widths but the layers' (set by ``cut``)
@@ -131,9 +149,10 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
                 if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
         prefix = f"{name}." if name else ""
         children = [m for child, _ in module.named_children() for m in graph.borders.get(prefix + child, [])]
-        # what its forward made, then its inputs and outputs, then its children's
-        sources = [widths_of(graph.frames.get(name, [])), widths_of(graph.borders.get(name, [])),
-                   widths_of(children)]
+        # the heads its forward merged (``reshape(B, N, self.attn_dim)``), then what its forward
+        # made, then its inputs and outputs, then its children's
+        sources = [widths_of(graph.merges.get(name, [])), widths_of(graph.frames.get(name, [])),
+                   widths_of(graph.borders.get(name, [])), widths_of(children)]
         groups = widths_of([m for count, m in graph.group_counts.get(name, [])])
         for attr, value in ints.items():
             if value in groups and len(groups[value]) == 1:  # the groups= it convolved with

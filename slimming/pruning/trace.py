@@ -342,6 +342,8 @@ class _Walk(ChannelOps):
         x = self.get(args[0]) if args else None
         for t in ins[1:] if x is not None else ins:
             self.pin_tensor(t, f"{name}: read by a {type(m).__name__} as other than its channels")
+        if kind == "head_gate":
+            return self.head_gate(name, m, x, out)
         if x is None:
             return self.fresh(out, f"{name}: made from untracked inputs") if isinstance(out, torch.Tensor) \
                 else None
@@ -363,6 +365,21 @@ class _Walk(ChannelOps):
         self.again(name, x)
         self.g.uses.append(Use(name, kind, x, attrs))
         self.set(out, x.with_gate(rule.gated and "weight" in attrs))
+
+    def head_gate(self, name: str, m: nn.Module, x: Map | None, out) -> None:
+        """A gate per head (``HeadGate``) scores the heads of the attention whose merged heads
+        it scales (``graph.heads_of``); its output's channels are its input's. On anything else
+        the heads it would score are kept."""
+        count = m.weight.numel()
+        found = self.g.heads_of(x) if x is not None else None
+        if found is None or found[1] != count:
+            space = self.g.new_space(count, f"{name}: a gate per head where the trace found no heads")
+        else:
+            space = found[0]
+            if name in self.ignore or self.in_ignored():
+                self.g.pin(Map([Seg(space, 0, count, False)]), f"{name} is in ignore")
+        self.g.uses.append(Use(name, "head_gate", Map([Seg(space, 0, count, True)]), {"weight": "weight"}))
+        self.set(out, x)
 
     # ------------------------------------------------------------------ ops
 
