@@ -28,6 +28,7 @@ def cases(f: Path, d: Path) -> dict[str, list[str]]:
         "compare_trees.py": [str(d), str(d)],
         "detector.py": ["--out", str(f)],
         "network_table.py": ["--repeats", "0"],
+        "heads.py": ["--percent", "2"],
         "gpu/run.py": ["--out", str(f), "--no-install"],
     }
 

@@ -6,13 +6,15 @@ the pruned network has no extra module; checkpoints of a gated run rebuild their
 
 import pytest
 import torch
-from conftest import rel_diff, sparsity_shaped
+from conftest import rel_diff, sparsity_shaped, zeroed
 from slimming.models.gates import fold, gated_layers
 from slimming.models.layers import ChannelGate, HeadGate
 from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, cut_at_random
 from torch import nn
 
 import slimming
+from slimming.pruning.graph import GraphError
+from slimming.pruning.verify import TOLERANCE, check
 
 
 def gates(model):
@@ -273,4 +275,28 @@ def test_a_checkpoint_of_a_transformer_cut_by_heads_rebuilds_its_numbers_of_head
     slimming.save_checkpoint(ckpt, tmp_path / "bad.pth")
     with pytest.raises(slimming.CheckpointError, match="its 'widths' is") as e:
         slimming.load_model(tmp_path / "bad.pth")
+    assert "\n" not in str(e.value)
+
+
+def test_an_attention_run_with_its_old_number_of_heads_is_refused_by_the_check():
+    """The check compares every module's outputs, not only the model's: the last block's
+    attention run with its old number of heads (a cut that left ``heads`` as it was) groups the
+    kept channels into wrong heads; with that block's projection small (as at a random start)
+    the model's output moves less than the tolerance, and the check still names the block."""
+    torch.manual_seed(0)
+    model = TinyViT(dim=32, heads=4).eval()
+    x = torch.zeros(1, 3, 32, 32)
+    slimming.add_gates(model, x)
+    with torch.no_grad():
+        model.blocks[2].proj.weight.mul_(1e-4)  # its share of the residual stream: small
+        model.blocks[2].proj.bias.zero_()
+        model.blocks[2].proj.slimming_gate.weight[1] = 0
+    result = slimming.prune(model, threshold=1e-6, example_inputs=x, compensate=False)
+    assert result.model.blocks[2].heads == 3 and result.model.blocks[2].qkv.out_features == 72
+    result.model.blocks[2].heads = 4  # runs: 72 channels read as 4 heads of 6
+    probe = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < TOLERANCE
+    with pytest.raises(GraphError, match="first in blocks.2.proj") as e:
+        check(model, result, x)
     assert "\n" not in str(e.value)

@@ -6,6 +6,13 @@ example's shape. A difference is a GraphError naming the first module whose outp
 (forward hooks on both networks); a pruned network that does not run is one naming the module
 it failed in. Two forwards when the networks agree (the usual case), two more to find the
 module when they do not.
+
+The model's outputs alone can agree while a block deep inside is wrong: a residual branch
+whose share of the output is small (an attention at a random start, its projection's weights
+near zero) moves the output by less than the tolerance however wrong it is. So the same two
+forwards also fingerprint every module's outputs (four sums each, ``fingerprints``), on the
+kept channels where the cut narrowed them, and a module whose fingerprint differs from its
+reference's by more than the tolerance, relative to its own size, fails the check too.
 """
 
 from __future__ import annotations
@@ -69,14 +76,17 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
     (the model left as it was) where it exceeds ``tolerance`` or the pruned network fails."""
     inputs = probe_like(example)
     pruned = result.model
+    kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}
     with modes_kept(original), modes_kept(pruned), zeroed(original, result.masks):
         for model in (original, pruned):
             if any(m.training for m in model.modules()):
                 model.eval()
-        want = leaves(original(*inputs))
+        with fingerprints(original, kept) as theirs:
+            want = leaves(original(*inputs))
         try:
             try:
-                got = leaves(pruned(*inputs))
+                with fingerprints(pruned) as ours:
+                    got = leaves(pruned(*inputs))
             except Exception:  # noqa: BLE001 (once more with hooks, to name the module)
                 got = leaves(_run_named(pruned, inputs))
         except _Failed as e:
@@ -85,8 +95,10 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
                                    "keep_whole= meanwhile"), e.module) from None
         diff = difference(got, want)
         if diff <= tolerance:
-            return diff
-        kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}
+            inner = first_inner_difference(ours, theirs, tolerance)
+            if inner is None:
+                return diff
+            raise differs(inner[1], inner[0])
         with nudged(original):
             moved = _outputs(original, inputs)
         if difference(moved[1][""], want) > tolerance:  # discrete steps (NMS, top-k) in the forward
@@ -206,6 +218,73 @@ def stable_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, nud
             raise differs(diff, name or "the model")
         worst = max(worst, diff)
     return worst
+
+
+@contextlib.contextmanager
+def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
+    """Yields {module: (shape, fingerprint) of each floating output} for the first call of
+    every module of ``model`` in the block; ``kept`` (module -> keep-mask of its output
+    channels): those modules' outputs are fingerprinted on every way the mask can narrow them
+    (along dim 1, or the last dim of channels-last tokens), as the pruned network has them. A
+    fingerprint is four sums (of the values, their squares, their absolute values, and every
+    seventh value, for where they lie): four numbers per module, whatever its size."""
+    found: dict[str, list[list[tuple[tuple, torch.Tensor]]]] = {}
+    hooks = []
+
+    def hook(name):
+        def record(m, args, out) -> None:
+            if name in found:
+                return
+            variants = []
+            for t in leaves(out):
+                if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                    variants.append([])
+                    continue
+                mask = (kept or {}).get(name)
+                forms = [t] if mask is None or t.dim() < 2 or bool(mask.all()) else \
+                    [t] + [t.index_select(d, mask.nonzero().flatten().to(t.device))
+                           for d in sorted({1, t.dim() - 1}) if t.shape[d] == len(mask)]
+                variants.append([(tuple(f.shape), _fingerprint(f)) for f in forms])
+            found[name] = variants
+        return record
+
+    try:
+        for name, m in model.named_modules():
+            hooks.append(m.register_forward_hook(hook(name)))
+        yield found
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def _fingerprint(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().flatten().float()
+    return torch.stack([t.sum(), t.dot(t), t.abs().sum(), t[::7].sum()])  # left on its device
+
+
+def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[str, float] | None:
+    """(module, difference) for the first module, in the order modules finish, whose outputs'
+    fingerprints differ from the reference's of the same shape by more than ``tolerance``
+    (relative to the reference's sums of absolute values and of squares): the check's final
+    outputs can agree while a block deep in a residual stream is wrong (a branch whose share
+    of the output is small, as in a network at its random start). None when none does."""
+    for name, outputs in ours.items():
+        want = theirs.get(name)
+        if want is None or len(want) != len(outputs):
+            continue
+        for got, forms in zip(outputs, want):
+            if not got:
+                continue
+            shape, g = got[0]
+            same = [f for s, f in forms if s == shape]
+            if len(same) != 1:  # not comparable (narrowed another way), or ambiguous
+                continue
+            f, g = same[0].double().cpu(), g.double().cpu()
+            scale = torch.stack([f[2], f[1], f[2], f[2]]).clamp_min(1e-30)
+            diff = float(((g - f).abs() / scale).max())
+            if diff > tolerance and f[2] > 0:
+                return name or "the model's output", diff
+    return None
 
 
 def first_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, tolerance: float,
