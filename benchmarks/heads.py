@@ -5,7 +5,7 @@ Per network: heads before and after, parameters, the check's largest relative di
 against the original with the cut factors zeroed, and CPU latency of the pruned network over the
 original's (batch 8, the median of ``--repeats`` runs of each, interleaved, in one process).
 
-Run: ``python benchmarks/heads.py`` (about two minutes on two cores)."""
+Run: ``python benchmarks/heads.py`` (about four minutes on two cores)."""
 
 from __future__ import annotations
 

@@ -300,3 +300,19 @@ def test_an_attention_run_with_its_old_number_of_heads_is_refused_by_the_check()
     with pytest.raises(GraphError, match="first in blocks.2.proj") as e:
         check(model, result, x)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kept", [{"ignore": "blocks.0"}, {"keep_whole": "blocks.0.qkv"}])
+def test_heads_of_a_block_kept_by_ignore_or_keep_whole_stay_whole(kept):
+    """A head whose gate is zero is cut in every block but the one ``ignore`` or
+    ``keep_whole`` keeps: there the heads, their queries, keys and values stay as they were."""
+    torch.manual_seed(0)
+    model = TinyViT(dim=32, heads=4).eval()
+    x = torch.zeros(1, 3, 32, 32)
+    slimming.add_gates(model, x)
+    with torch.no_grad():
+        for block in model.blocks:
+            block.proj.slimming_gate.weight[2] = 0
+    result = slimming.prune(model, threshold=1e-6, example_inputs=x, compensate=False, **kept)
+    assert [b.heads for b in result.model.blocks] == [4, 3, 3]
+    assert result.model.blocks[0].qkv.out_features == 96 and result.model.blocks[1].qkv.out_features == 72

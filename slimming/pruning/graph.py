@@ -361,6 +361,11 @@ class ChannelGraph:
         if m.channels // blocks > 1:
             self.equal.append(("whole", _chunks(m.segs, [m.channels // blocks] * blocks)))
 
+    def touches_pins(self, m: Map) -> bool:
+        """Whether a pin made by now lies in a group ``m`` has channels in (any position)."""
+        roots = {self.find(s.space) for s in self.resolve(m).segs}
+        return any(self.find(s.space) in roots for seg, _ in self.pins for s in self.resolve(Map([seg])).segs)
+
     def pinned_everywhere(self, m: Map) -> bool:
         """Whether every channel of ``m`` is pinned by now (so no cut can reach it)."""
         m = self.resolve(m)

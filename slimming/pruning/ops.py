@@ -267,7 +267,8 @@ class ChannelOps:
         n = x.channels // count
         cut = self.g.cut_into(x, [n] * count)
         pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
-        axis = self.head_axis(shape) if cut else None
+        # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already
+        axis = self.head_axis(shape) if cut and not self.in_ignored() and not self.g.touches_pins(x) else None
         if axis is not None:  # the heads' channels: a space of their own, tied to every block
             space, _ = self.g.head_modules[self.stack[-1]]
             result = Map([Seg(self.g.new_space(n), 0, n, x.segs[0].gated)], x.factor, x.dim)
