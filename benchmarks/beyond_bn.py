@@ -181,8 +181,8 @@ def main() -> None:
             out / "pruned", "--overwrite", "--cpu", "--no-eval")
         pruned = slimming.load_model(out / "pruned" / "pruned.pth")
         row["pruned"] = describe(pruned, accuracy(pruned, test_loader))
-        row["heads"] = [[m.num_heads for m in net_.modules() if isinstance(getattr(m, "num_heads", None), int)]
-                        for net_ in (sparse, pruned)]  # before and after the cut, per attention
+        row["heads"] = [[m.num_heads for m in net_.modules()  # before and after the cut, per attention
+                         if isinstance(getattr(m, "num_heads", None), int)] for net_ in (sparse, pruned)]
         run("finetune", "--checkpoint", out / "pruned" / "pruned.pth", *data, "--epochs", args.ft_epochs, *FT,
             "--save", out / "finetuned", "--resume", "auto")
         ft = slimming.load_model(out / "finetuned" / "last.pth")
