@@ -97,7 +97,8 @@ def side_of(use: Use) -> str:
 
 # integer attributes that never hold a width, whatever value they have
 # (a number of heads is set where the cut removes heads whole: ``graph.head_modules``)
-NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_heads", "heads", "depth",
+NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_heads", "heads", "n_heads",
+              "n_head", "nhead", "num_attention_heads", "depth",
               "num_layers", "n", "k", "s", "p", "d", "g", "e", "training", "num_classes", "img_size",
               "image_size", "input_size", "patch_size", "window_size", "resolution", "size", "seed",
               "index", "idx", "i", "layer_idx", "block_idx", "stage", "scale_factor", "reduction"}
