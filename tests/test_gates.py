@@ -1,8 +1,10 @@
 """Gates: a per-channel scaling factor where a network has none (an MLP's hidden width in
-ConvNeXt and vision transformers). ``add_gates`` finds those widths by the trace, sparsity
-trains the gates, ``prune`` cuts by them exactly and folds them into the layers they feed, so
-the pruned network has no extra module; checkpoints of a gated run rebuild their gates."""
+ConvNeXt and vision transformers), and one per attention head. ``add_gates`` finds those widths
+and heads by the trace, sparsity trains the gates, ``prune`` cuts by them exactly (heads whole,
+``num_heads`` set) and folds them into the layers they feed, so the pruned network has no extra
+module; checkpoints of a gated run rebuild their gates, pruned ones their numbers of heads."""
 
+import re
 
 import pytest
 import torch
@@ -316,3 +318,30 @@ def test_heads_of_a_block_kept_by_ignore_or_keep_whole_stay_whole(kept):
     result = slimming.prune(model, threshold=1e-6, example_inputs=x, compensate=False, **kept)
     assert [b.heads for b in result.model.blocks] == [4, 3, 3]
     assert result.model.blocks[0].qkv.out_features == 96 and result.model.blocks[1].qkv.out_features == 72
+
+
+def test_a_vision_transformer_through_the_command_line_loses_whole_heads(tmp_path, capsys):
+    """``train --gates`` on timm's ViT records its head gates; ``prune`` (here after two heads'
+    gates were set to zero, as sparsity training would leave them) cuts those heads and the
+    pruned checkpoint rebuilds with its numbers of heads, which ``finetune`` then trains."""
+    pytest.importorskip("timm")
+    from slimming.cli import main
+
+    data = ["--dataset", "synthetic", "--cpu", "--batch-size", "128"]
+    assert main(["train", "--arch", "timm:vit_tiny_patch16_224", "--model-kwargs",
+                 '{"patch_size": 8, "depth": 6, "embed_dim": 96}', "--gates", "--sparsity", "1e-4",
+                 "--epochs", "1", "--seed", "0", "--save", str(tmp_path / "t"), *data]) == 0
+    assert "gates before 12 layers: blocks.0.attn.proj, blocks.0.mlp.fc2" in capsys.readouterr().out
+    ckpt = slimming.load_checkpoint(tmp_path / "t" / "last.pth")
+    assert ckpt["head_gates"] == {f"blocks.{b}.attn.proj": 3 for b in range(6)}
+    ckpt["state_dict"]["blocks.4.attn.proj.slimming_gate.weight"][[0, 2]] = 0
+    slimming.save_checkpoint(ckpt, tmp_path / "t" / "edited.pth")
+    assert main(["prune", "--checkpoint", str(tmp_path / "t" / "edited.pth"), "--threshold", "1e-6",
+                 "--save", str(tmp_path / "p"), "--cpu", "--no-eval"]) == 0
+    assert re.search(r"blocks\.4\.attn\.proj\.slimming_gate +3 +1\n", capsys.readouterr().out)
+    pruned = slimming.load_model(tmp_path / "p" / "pruned.pth")
+    assert [b.attn.num_heads for b in pruned.blocks] == [3, 3, 3, 3, 1, 3]
+    assert pruned.blocks[4].attn.qkv.out_features == 3 * 32 and not gates(pruned)
+    assert main(["finetune", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), "--epochs", "1",
+                 "--save", str(tmp_path / "f"), *data]) == 0
+    assert slimming.load_model(tmp_path / "f" / "last.pth").blocks[4].attn.num_heads == 1
