@@ -264,3 +264,28 @@ def test_adding_a_zero_parameter_keeps_zeros_and_a_nonzero_one_does_not():
     # a.1's channels, the bias added, reach b.0 as constants: kept; nothing else can be cut
     with pytest.raises(GraphError, match="b.0 reads it before any BatchNorm"):
         slimming.prune(model, percent=0.5, example_inputs=x, compensate=False)
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: a BatchNorm whose own children apply dropout (an identity in
+    eval) and an in-place activation to its output, which it returns."""
+
+    def __init__(self, channels: int):
+        super().__init__(channels)
+        self.drop, self.act = nn.Identity(), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.drop(super().forward(x)))
+
+
+def test_the_check_sees_each_module_output_as_it_was_before_an_in_place_activation():
+    """The check fingerprints every module's output when it returns: the identity's output is
+    the tensor the activation then changes in place, and the BatchNorm's is that tensor after;
+    a fingerprint kept from before the change would fail this exact cut."""
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), BatchNormAct(16), nn.Conv2d(16, 8, 3, padding=1),
+                          BatchNormAct(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)).eval()
+    sparsity_shaped(model, 0)
+    x = torch.zeros(1, 3, 16, 16)
+    result = slimming.prune(model, percent=0.4, example_inputs=x, compensate=False)
+    assert result.model[1].num_features < 16 and result.verified < 1e-5
+    assert_exact(model, result, torch.randn(2, 3, 16, 16))

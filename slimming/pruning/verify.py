@@ -10,7 +10,7 @@ module when they do not.
 The model's outputs alone can agree while a block deep inside is wrong: a residual branch
 whose share of the output is small (an attention at a random start, its projection's weights
 near zero) moves the output by less than the tolerance however wrong it is. So the same two
-forwards also fingerprint every module's outputs (four sums each, ``fingerprints``), on the
+forwards also fingerprint every module's outputs (two numbers each, ``fingerprints``), on the
 kept channels where the cut narrowed them, and a module whose fingerprint differs from its
 reference's by more than the tolerance, relative to its own size, fails the check too.
 """
@@ -226,10 +226,11 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
     every module of ``model`` in the block; ``kept`` (module -> keep-mask of its output
     channels): those modules' outputs are fingerprinted on every way the mask can narrow them
     (along dim 1, or the last dim of channels-last tokens), as the pruned network has them. A
-    fingerprint is four sums (of the values, their squares, their absolute values, and every
-    seventh value, for where they lie): four numbers per module, whatever its size."""
+    fingerprint is two numbers, whatever the output's size (``_fingerprint``). A container's
+    output, the same tensor as its last child's, is not fingerprinted twice. Each is taken when
+    its module returns, so a tensor an in-place op changes later is seen as it was then."""
     found: dict[str, list[list[tuple[tuple, torch.Tensor]]]] = {}
-    hooks = []
+    hooks, last = [], {}
 
     def hook(name):
         def record(m, args, out) -> None:
@@ -241,9 +242,15 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
                     variants.append([])
                     continue
                 mask = (kept or {}).get(name)
-                forms = [t] if mask is None or t.dim() < 2 or bool(mask.all()) else \
-                    [t] + [t.index_select(d, mask.nonzero().flatten().to(t.device))
-                           for d in sorted({1, t.dim() - 1}) if t.shape[d] == len(mask)]
+                if mask is None or t.dim() < 2 or bool(mask.all()):
+                    # a container passing on its child's output, unchanged since (no in-place
+                    # activation after it: ``_version``), is not fingerprinted again
+                    if last.get("tensor") is not t or last.get("version") != t._version:
+                        last.update(tensor=t, version=t._version, form=[(tuple(t.shape), _fingerprint(t))])
+                    variants.append(last["form"])
+                    continue
+                forms = [t] + [t.index_select(d, mask.nonzero().flatten().to(t.device))
+                               for d in sorted({1, t.dim() - 1}) if t.shape[d] == len(mask)]
                 variants.append([(tuple(f.shape), _fingerprint(f)) for f in forms])
             found[name] = variants
         return record
@@ -255,17 +262,31 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
     finally:
         for h in hooks:
             h.remove()
+        last.clear()
+        _SIGNS.clear()  # as large as the largest output: not kept (made again the same)
+
+
+_SIGNS: dict[torch.device, torch.Tensor] = {}  # device -> a fixed random +-1 per position
 
 
 def _fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """(sum of squares, dot product with fixed random signs) of ``t``, on its device. Where two
+    tensors differ by d, their second numbers differ by about |d| (its spread over random
+    signs), so that, against the square root of the first, it measures any change (values
+    moved to other positions too) alike at every size."""
     t = t.detach().flatten().float()
-    return torch.stack([t.sum(), t.dot(t), t.abs().sum(), t[::7].sum()])  # left on its device
+    signs = _SIGNS.get(t.device)
+    if signs is None or len(signs) < t.numel():
+        size = 1 << max(t.numel() - 1, 1).bit_length()
+        gen = torch.Generator().manual_seed(0)
+        signs = _SIGNS[t.device] = (torch.randint(0, 2, (size,), generator=gen) * 2 - 1).float().to(t.device)
+    return torch.stack([t.dot(t), t.dot(signs[:t.numel()])])
 
 
 def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[str, float] | None:
     """(module, difference) for the first module, in the order modules finish, whose outputs'
     fingerprints differ from the reference's of the same shape by more than ``tolerance``
-    (relative to the reference's sums of absolute values and of squares): the check's final
+    (relative to the reference's sum of squares, and its root): the check's final
     outputs can agree while a block deep in a residual stream is wrong (a branch whose share
     of the output is small, as in a network at its random start). None when none does."""
     for name, outputs in ours.items():
@@ -280,10 +301,10 @@ def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[
             if len(same) != 1:  # not comparable (narrowed another way), or ambiguous
                 continue
             f, g = same[0].double().cpu(), g.double().cpu()
-            scale = torch.stack([f[2], f[1], f[2], f[2]]).clamp_min(1e-30)
-            diff = float(((g - f).abs() / scale).max())
-            if diff > tolerance and f[2] > 0:
-                return name or "the model's output", diff
+            if f[0] > 0:
+                diff = max(float((g[0] - f[0]).abs() / f[0]), float((g[1] - f[1]).abs() / f[0].sqrt()))
+                if diff > tolerance:
+                    return name or "the model's output", diff
     return None
 
 
