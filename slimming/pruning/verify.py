@@ -267,6 +267,7 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
 
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}  # device -> a fixed random +-1 per position
+_CHUNK = 1 << 16
 
 
 def _fingerprint(t: torch.Tensor) -> torch.Tensor:
@@ -275,11 +276,11 @@ def _fingerprint(t: torch.Tensor) -> torch.Tensor:
     signs), so that, against the square root of the first, it measures any change (values
     moved to other positions too) alike at every size."""
     t = t.detach().flatten().float()
-    signs = _SIGNS.get(t.device)
-    if signs is None or len(signs) < t.numel():
-        size = 1 << max(t.numel() - 1, 1).bit_length()
-        gen = torch.Generator().manual_seed(0)
-        signs = _SIGNS[t.device] = (torch.randint(0, 2, (size,), generator=gen) * 2 - 1).float().to(t.device)
+    signs = _SIGNS.get(t.device, torch.zeros(0, device=t.device))
+    if len(signs) < t.numel():  # chunk i from seed i: the same signs at a position, however many
+        more = [(torch.randint(0, 2, (_CHUNK,), generator=torch.Generator().manual_seed(i)) * 2 - 1).float()
+                for i in range(len(signs) // _CHUNK, -(-t.numel() // _CHUNK))]
+        signs = _SIGNS[t.device] = torch.cat([signs, torch.cat(more).to(t.device)])
     return torch.stack([t.dot(t), t.dot(signs[:t.numel()])])
 
 
