@@ -9,7 +9,6 @@ Run: ``python benchmarks/heads.py`` (about four minutes on two cores)."""
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import warnings
@@ -19,16 +18,10 @@ from common import guarded, parser, positive_int, sparsity_shaped
 from slimming.models.gates import gated_layers
 
 import slimming
+from slimming.cli.parser import fraction
 
 NETWORKS = ["vit_tiny_patch16_224", "deit_small_patch16_224", "swin_tiny_patch4_window7_224",
             "eva02_tiny_patch14_224", "beit_base_patch16_224"]
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
-    return value
 
 
 def latency(model: torch.nn.Module, x: torch.Tensor) -> float:
@@ -41,7 +34,7 @@ def latency(model: torch.nn.Module, x: torch.Tensor) -> float:
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--models", default=",".join(NETWORKS), help="timm model names, comma-separated")
-    p.add_argument("--percent", type=fraction, default=0.5, help="the fraction of factors cut")
+    p.add_argument("--percent", type=fraction, default=0.5, help="the fraction of factors cut (as --percent)")
     p.add_argument("--repeats", type=positive_int, default=5, help="latency runs of each network")
     args = p.parse_args()
     import timm

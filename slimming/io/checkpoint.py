@@ -289,10 +289,10 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
     else:
         default = models.build(model.arch, empty=True, **model.options).cfg
         cfg = None if model.cfg == default else model.cfg
-    gates = {key: found for key, found in (("gates", gated_layers(model)),  # slimming.add_gates
+    extra = {key: found for key, found in (("gates", gated_layers(model)),  # slimming.add_gates
                                            ("head_gates", gated_layers(model, heads=True))) if found}
     if is_external(model.arch) and cfg:  # pruned: the integer attributes the cut set (num_heads)
-        gates["widths"] = int_attributes(model)
+        extra["widths"] = int_attributes(model)
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
             "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
-            **gates, "state_dict": model.state_dict(), **fields}
+            **extra, "state_dict": model.state_dict(), **fields}

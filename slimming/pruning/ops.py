@@ -268,9 +268,10 @@ class ChannelOps:
         cut = self.g.cut_into(x, [n] * count)
         pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
         # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already
-        axis = self.head_axis(shape) if cut and not self.in_ignored() and not self.g.touches_pins(x) else None
-        if axis is not None:  # the heads' channels: a space of their own, tied to every block
-            space, _ = self.g.head_modules[self.stack[-1]]
+        kept = not cut or self.in_ignored() or self.g.touches_pins(x)
+        heads = None if kept else self.head_axis(shape)
+        if heads is not None:  # the heads' channels: a space of their own, tied to every block
+            axis, space = heads
             result = Map([Seg(self.g.new_space(n), 0, n, x.segs[0].gated)], x.factor, x.dim)
             firsts: dict[int, int] = {}
             for i, p in enumerate(pieces):
@@ -284,12 +285,12 @@ class ChannelOps:
             result = self.g.tie(result, p, f"{where}: {op} into blocks it cannot cut alike")
         return result
 
-    def head_axis(self, shape: tuple[int, ...]) -> int | None:
-        """Which of the block dimensions ``shape`` is the number of heads the running module
-        holds (an integer attribute named as the heads' number is: ``num_heads``, ``heads``):
-        the last of that size, next to the head's own channels as in (3, heads, head_dim) (a
-        wrong guess fails the check); its heads' space is made the first time. None where there
-        is none."""
+    def head_axis(self, shape: tuple[int, ...]) -> tuple[int, int] | None:
+        """(which of the block dimensions ``shape`` is the number of heads the running module
+        holds, the heads' space): the dimension is the last of that size (an integer attribute
+        named as the heads' number is: ``num_heads``, ``heads``), next to the head's own
+        channels as in (3, heads, head_dim) (a wrong guess fails the check); the space is made
+        the first time. None where there is none."""
         if not self.stack or not shape:
             return None
         where = self.stack[-1]  # the module's name ("" for the model itself)
@@ -301,10 +302,10 @@ class ChannelOps:
         attr, count, axis = found[0]
         known = self.g.head_modules.get(where)
         if known is None:
-            self.g.head_modules[where] = (self.g.new_space(count), attr)
+            known = self.g.head_modules[where] = (self.g.new_space(count), attr)
         elif self.g.sizes[known[0]] != count:
             return None
-        return axis
+        return axis, known[0]
 
     def reduce(self, op: str, args, kwargs, out, inputs) -> None:
         """A reduction over other dims keeps the channels (pooling (N, C, H, W) to (N, C), or

@@ -361,9 +361,8 @@ def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
         for name, attr, old, value, _ in changes:
             setattr(result.model.get_submodule(name), attr, value if new else old)
 
-    apply(result.widths, False)
     kept = [c for c in result.widths if c[4]]  # sure: a depthwise filter's groups, a number of heads
-    apply(kept, True)
+    apply([c for c in result.widths if not c[4]], False)
     if keep is not None:
         kept = [c for c in result.widths if keep(c)]
         apply(kept, True)

@@ -20,6 +20,7 @@ from torch import nn
 from ..models.layers import RULES, is_layer
 from ..utils.modules import keep_slices
 from .graph import ChannelGraph, GraphError, Map, Use, structure_copy
+from .ops import HEAD_ATTRS
 
 
 def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -97,9 +98,8 @@ def side_of(use: Use) -> str:
 
 # integer attributes that never hold a width, whatever value they have
 # (a number of heads is set where the cut removes heads whole: ``graph.head_modules``)
-NOT_WIDTHS = {"kernel_size", "stride", "padding", "dilation", "groups", "num_heads", "heads", "n_heads",
-              "n_head", "nhead", "num_attention_heads", "depth",
-              "num_layers", "n", "k", "s", "p", "d", "g", "e", "training", "num_classes", "img_size",
+NOT_WIDTHS = {*HEAD_ATTRS, "kernel_size", "stride", "padding", "dilation", "groups", "depth", "num_layers",
+              "n", "k", "s", "p", "d", "g", "e", "training", "num_classes", "img_size",
               "image_size", "input_size", "patch_size", "window_size", "resolution", "size", "seed",
               "index", "idx", "i", "layer_idx", "block_idx", "stage", "scale_factor", "reduction"}
 _LAYERS = (nn.modules.conv._ConvNd, nn.Linear, nn.modules.batchnorm._BatchNorm)  # ``cut`` sets theirs

@@ -236,12 +236,11 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
         def record(m, args, out) -> None:
             if name in found:
                 return
-            variants = []
+            variants, mask = [], (kept or {}).get(name)
             for t in leaves(out):
                 if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
                     variants.append([])
                     continue
-                mask = (kept or {}).get(name)
                 if mask is None or t.dim() < 2 or bool(mask.all()):
                     # a container passing on its child's output, unchanged since (no in-place
                     # activation after it: ``_version``), is not fingerprinted again
