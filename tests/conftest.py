@@ -1,7 +1,10 @@
+import atexit
 import copy
 import os
 import random
+import shutil
 import struct
+import tempfile
 import zlib
 
 import pytest
@@ -11,8 +14,13 @@ from slimming.models.vgg import DEFAULT_CFGS
 from torch import nn
 
 from slimming import models
+from slimming.measure import latency
 
 TINY_VGG = [8, "M", 16, "M", 16, 16, "M", 24, "M", 24]  # 32x32 in, fast on a CPU
+
+# latency tables (slimming.measure.latency) in a folder of the test run's, not the user's cache
+os.environ[latency.CACHE_ENV] = tempfile.mkdtemp(prefix="slimming-test-latency-")
+atexit.register(shutil.rmtree, os.environ[latency.CACHE_ENV], True)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: N workers share the cores, so each one
     # computes on one thread, and so do the processes it starts (threads on more threads than

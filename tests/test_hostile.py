@@ -469,6 +469,19 @@ CASES += [
     ("pipeline-iterations-0", ["pipeline", "--percent", "0.5", "--iterations", "0", "--save", "{o}", *SYN],
      "positive integer"),
     ("pipeline-target-flops-0", ["pipeline", "--target-flops", "0", "--save", "{o}", *SYN], "not positive"),
+    ("pipeline-latency-ms-iterations", ["pipeline", "--target-latency", "5ms", "--iterations", "2",
+                                        "--epochs", "1", "--save", "{o}", *SYN], "as a fraction"),
+    ("prune-target-latency-word", ["prune", "--checkpoint", "{f}/good.pth", "--target-latency", "fast",
+                                   "--save", "{o}"], "a time such as 12ms"),
+    ("prune-target-latency-nan", ["prune", "--checkpoint", "{f}/good.pth", "--target-latency", "nanms",
+                                  "--save", "{o}"], "a time such as 12ms"),
+    ("prune-target-latency-huge", ["prune", "--checkpoint", "{f}/good.pth", "--target-latency", "1e9ms",
+                                   "--save", "{o}", "--cpu"], "at or above the unpruned"),
+    ("prune-round-to-word", ["prune", "--checkpoint", "{f}/good.pth", "--percent", "0.5", "--round-to",
+                             "often", "--save", "{o}"], "not a number"),
+    ("sweep-target-latency-big", ["sweep", "--checkpoint", "{f}/good.pth", "--target-latency", "1.5",
+                                  "--save", "{o}", *SYN], "fraction in (0, 1)"),
+    ("cache-typo", ["cache", "--clearr"], "--clear"),
 ]
 CASES = [(i, a, "already exists" if i == "prune-exists" else n) for i, a, n in CASES]
 

@@ -61,6 +61,13 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
         with torch.no_grad():
             assert torch.equal(again.eval()(x), small.eval()(x))
         return
+    if "target_latency" in code:  # a latency budget: measured, recorded, the original untouched
+        b, model = namespace["result"].budget, namespace["model"]
+        assert b["what"] == "latency" and b["asked"] == 0.5 and 1 <= len(b["rounds"]) <= 4
+        assert b["table"]["entries"] > 0 and b["full"] > 0 and 0 < b["fraction"] < 1
+        assert namespace["result"].model.fc.out_features == 10
+        assert namespace["result"].verified is not None
+        return
     if "HeadGate" in code or "slimming_gate.weight[1] = 0" in code:  # a ViT's head cut whole
         result, vit = namespace["result"], namespace["vit"]
         attn = result.model.blocks[0].attn

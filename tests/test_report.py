@@ -59,7 +59,7 @@ def test_pipeline_stages_and_report(run):
     md = (root / "report.md").read_text()
     assert "| finetuned |" in md and "After / before: parameters" in md
     if plots.available():
-        assert set(report["pictures"]) == {"gammas.png", "channels.png", "curves.png"}
+        assert set(report["pictures"]) == {"gammas.png", "channels.png", "curves.png", "latency.png"}
         assert all((root / p).stat().st_size > 1000 for p in report["pictures"])
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from .. import models
 from ..errors import DataError, SlimmingError, clip, first_line, listed
 from ..io.checkpoint import save_checkpoint
+from ..measure.latency import CACHE_ENV, cache_info, clear_cache
 from ..measure.stats import (
     channels_last_note,
     count_params,
@@ -49,6 +50,7 @@ from ..training.runs import (
     read_checkpoint,
 )
 from ..training.train import MakeModel, load_init, train
+from ..utils.files import human_bytes
 
 # --------------------------------------------------------------------------- train, finetune
 
@@ -186,6 +188,26 @@ def accuracy_after_cut(args, ckpt: dict, model: nn.Module, data, device: torch.d
           f"{args.dataset}; fine-tuning brings back what the cut cost")
 
 
+def latency_lines(b: dict) -> str:
+    """What a latency budget asked, achieved and cost, in a few lines."""
+    asked = f"{b['asked']:g} of {b['full']:.3g} ms ({b['target']:.3g} ms)" if b["kind"] == "fraction" \
+        else f"{b['target']:.3g} ms (the original: {b['full']:.3g} ms)"
+    t = b.get("table") or {}
+    where = f"{t['device']}, {t['threads']} thread(s), " if t else ""
+    lines = [f"latency budget {asked}, at batch {b['batch']} ({where}interleaved medians): achieved "
+             f"{b['fraction']:.3f} +- {b['fraction_spread']:.3f} of the original ({b['achieved']:.3g} ms "
+             f"+- {b['spread']:.2g} against its {b['original']:.3g} ms in the same run), in "
+             f"{len(b['rounds'])} measured round(s)"]
+    if not b["met"]:
+        lines.append("the measured latency missed the budget by more than its spread (and 3%) after "
+                     "correcting: the cut's steps are coarser than the budget's precision here")
+    if t:
+        kept = f", {t['size']} in {t['path']} (slimming cache --clear empties it)" if t.get("path") else ""
+        lines.append(f"latency table: {t['entries']} layer timings ({t['measured']} new, "
+                     f"{t['seconds']:.1f} s){kept}")
+    return "\n".join(lines)
+
+
 def cmd_prune(args) -> None:
     out = args.save / "pruned.pth"
     check_output(out, args.overwrite)
@@ -193,7 +215,8 @@ def cmd_prune(args) -> None:
     paper = {"arch": args.arch, "depth": args.depth} if getattr(args, "arch", None) else {}
     pruned = prune_checkpoint(args.checkpoint, device=device, **paper, percent=args.percent,
                               threshold=args.threshold, target_flops=args.target_flops,
-                              target_params=args.target_params, **shape_options(args))
+                              target_params=args.target_params, target_latency=args.target_latency,
+                              batch_size=args.latency_batch, **shape_options(args))
     ckpt, model, result = pruned.source, pruned.original, pruned.result
     table = result.layer_table()
     announce_device(args, device)
@@ -214,7 +237,9 @@ def cmd_prune(args) -> None:
         print(f"ranked {ranked} channels (one per channel that layers share; kept ones not ranked): "
               f"{cut} cut ({100 * cut / max(ranked, 1):.1f}%{asked})")
     print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
-    if result.budget:
+    if result.budget.get("what") == "latency":
+        print(latency_lines(result.budget))
+    elif result.budget:
         b = result.budget
         what = "FLOPs" if b["what"] == "flops" else "parameter"
         print(f"{what} budget {b['target']:.4g} ({100 * b['target'] / b['full']:.1f}% of "
@@ -242,7 +267,8 @@ def cmd_prune(args) -> None:
         recalibrate(args, result.model, data, device)
     if evaluating and data is not None:
         accuracy_after_cut(args, ckpt, result.model, data, device)
-    ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params")
+    ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params",
+                                                      "target_latency")
                 if getattr(args, k) is not None), "--percent")
     for note in prune_warnings(model, result, args.min_channels, ask):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
@@ -273,9 +299,11 @@ def cmd_stats(args) -> None:
 
 
 def cmd_sweep(args) -> None:
-    axis, text = next(((a, v) for a, v in (("flops", args.target_flops), ("params", args.target_params))
-                       if v is not None), ("percent", args.percents or "0.1:0.9:0.1"))
-    flag = {"percent": "--percents", "flops": "--target-flops", "params": "--target-params"}[axis]
+    axis, text = next(((a, v) for a, v in (("flops", args.target_flops), ("params", args.target_params),
+                                           ("latency", args.target_latency)) if v is not None),
+                      ("percent", args.percents or "0.1:0.9:0.1"))
+    flag = {"percent": "--percents", "flops": "--target-flops", "params": "--target-params",
+            "latency": "--target-latency"}[axis]
     points = parse_percents(text, flag)
     if axis != "percent" and 0 in points:
         raise SlimmingError(f"{flag}: a budget of 0 leaves nothing; give fractions in (0, 1)")
@@ -283,6 +311,8 @@ def cmd_sweep(args) -> None:
     device = device_for(args)
     _, model, train_loader, test_loader = checkpoint_and_data(args, device)
     options = {k: v for k, v in shape_options(args).items() if k != "min_channels"}
+    if axis == "latency":  # timed at --latency-batch images of the model's size, on its device
+        options["example_inputs"] = torch.zeros(args.latency_batch, *input_size_of(model), device=device)
     repair = None
     if args.recalibrate_bn:
         def repair(m):
@@ -292,8 +322,9 @@ def cmd_sweep(args) -> None:
     for r in rows:
         what = "unpruned     " if r.get("reference") else (
             f"percent {r['percent']:<5g}" if axis == "percent" else f"{axis} {r['target']:<5g}")
+        latency = f"  latency {r['latency_ms']:.3g} ms" if "latency_ms" in r else ""
         print(f"{what} params kept {100 * r['params_kept']:5.1f}%  FLOPs kept "
-              f"{100 * r['flops_kept']:5.1f}%  top-1 {r['acc']:.2f}%")
+              f"{100 * r['flops_kept']:5.1f}%{latency}  top-1 {r['acc']:.2f}%")
     written = write_sweep(rows, args.save)
     print("wrote " + ", ".join(str(p) for p in written))
 
@@ -313,6 +344,16 @@ def cmd_export(args) -> None:
     note = channels_last_note(quick)
     if note:
         print(f"note: {note}")
+
+
+def cmd_cache(args) -> None:
+    folder, tables, size = cache_info()
+    if args.clear:
+        freed = clear_cache()
+        print(f"removed {tables} latency table(s), {human_bytes(freed)}, from {folder}")
+    else:
+        print(f"{tables} latency table(s), {human_bytes(size)}, in {folder} (one per device, torch "
+              f"version and thread count; set {CACHE_ENV} to keep them elsewhere; --clear empties it)")
 
 
 def cmd_report(args) -> None:

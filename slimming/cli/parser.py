@@ -126,6 +126,26 @@ def parse_cfg(text: str) -> list:
     return out
 
 
+def latency(text: str) -> str:
+    """A latency budget: a fraction in (0, 1) of the original's, or a time (12ms, 0.012s, or a
+    number >= 1, in milliseconds); given to the library as written."""
+    number = text.strip().lower().removesuffix("ms").removesuffix("s").strip()
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0 or not number[:1].isdigit() and number[:1] != ".":
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction such as 0.5 or a time such as 12ms")
+    return text.strip()
+
+
+def round_to(text: str) -> int | str:
+    """--round-to: a positive integer, or auto (the widths at the top of each measured step)."""
+    if text == "auto":
+        return text
+    return positive_int(text)
+
+
 def input_size(text: str) -> tuple[int, ...]:
     try:
         size = tuple(int(v) for v in text.split(","))
@@ -250,9 +270,10 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
                    "bn-mean and bn-sum average or add a group's |gamma|")
     g.add_argument("--min-channels", type=positive_int, default=1,
                    help="channels every layer keeps at least")
-    g.add_argument("--round-to", type=positive_int, default=1, metavar="K",
+    g.add_argument("--round-to", type=round_to, default=1, metavar="K",
                    help="every pruned width a multiple of K (never above the original; the "
-                   "extra channels are the best-scoring ones)")
+                   "extra channels are the best-scoring ones); auto: the widest width of each step "
+                   "of the layer's latency, timed on this device")
     g.add_argument("--max-layer-prune", type=_number(float, 0.0, False, "in (0, 1]", high=1.0 + 1e-12),
                    default=1.0, metavar="F", help="no layer loses more than this fraction of its channels")
     g.add_argument("--no-compensate", dest="compensate", action="store_false",
@@ -264,6 +285,8 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
     g.add_argument("--recalibrate-bn", type=count, default=recalibrate, metavar="N",
                    help="after the cut, re-estimate every BatchNorm's statistics on N training "
                    "batches (needs the data; 0 = off)")
+    g.add_argument("--latency-batch", type=positive_int, default=1, metavar="N",
+                   help="the batch --target-latency and --round-to auto time the network at")
 
 
 def add_prune_flags(p: argparse.ArgumentParser, required: bool, recalibrate: int = 0) -> None:
@@ -277,6 +300,10 @@ def add_prune_flags(p: argparse.ArgumentParser, required: bool, recalibrate: int
                      "or a count such as 2.5e8")
     how.add_argument("--target-params", type=positive_float, metavar="R",
                      help="prune to a parameter budget: a fraction in (0, 1) or a count")
+    how.add_argument("--target-latency", type=latency, metavar="L",
+                     help="prune to a latency measured on this device: a fraction in (0, 1) of the "
+                     "unpruned model's, or a time such as 12ms (at --latency-batch, the model's input "
+                     "size, the threads torch uses)")
     add_shape_flags(g, recalibrate)
 
 
@@ -298,7 +325,7 @@ def build_parser() -> Parser:
     parser.commands = sub.choices  # name -> that subcommand's parser
     for add in (add_train_command, add_prune_command, add_finetune_command, add_eval_command,
                 add_stats_command, add_sweep_command, add_export_command, add_report_command,
-                add_pipeline_command):  # one function per subcommand, in --help's order
+                add_pipeline_command, add_cache_command):  # one function per subcommand, in --help's order
         add(sub)
     return parser
 
@@ -379,6 +406,9 @@ def add_sweep_command(sub) -> None:
                       "0.3:0.9:0.1")
     axis.add_argument("--target-params", default=None, metavar="LIST",
                       help="sweep parameter budgets: fractions, e.g. 0.2,0.5")
+    axis.add_argument("--target-latency", default=None, metavar="LIST",
+                      help="sweep latency budgets, measured on this device: fractions of the unpruned "
+                      "model's, e.g. 0.3,0.5,0.7")
     add_shape_flags(g, recalibrate=50)
     g = p.add_argument_group("output")
     g.add_argument("--save", type=Path, required=True, metavar="DIR",
@@ -403,6 +433,14 @@ def add_export_command(sub) -> None:
     g.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     add_device_flags(p)
     p.set_defaults(func="commands.cmd_export")
+
+
+def add_cache_command(sub) -> None:
+    p = sub.add_parser("cache", help="where the latency tables (--target-latency, --round-to auto) are "
+                       "kept, their size; --clear empties them")
+    p.add_argument("--clear", action="store_true", help="remove every latency table (they are timed "
+                   "again when next needed)")
+    p.set_defaults(func="commands.cmd_cache")
 
 
 def add_report_command(sub) -> None:

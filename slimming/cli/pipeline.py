@@ -26,6 +26,7 @@ from ..io.checkpoint import load_checkpoint, load_model, model_from_checkpoint
 from ..measure.stats import count_flops, count_params, input_size_of
 from ..models.external import is_user_code
 from ..pruning.budget import parse_budget
+from ..pruning.speed import parse_latency
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
 from ..training.config import TrainConfig
 from ..training.distributed import DistInfo, broadcast_flag, distributed_session
@@ -52,13 +53,19 @@ def budget_share(args: argparse.Namespace, i: int, source, arch) -> dict:
     """The prune flags of iteration ``i`` of ``--iterations N``, each cut from the previous
     iteration's fine-tuned network: a percent p becomes 1 - (1 - p)^(1/N) each time (N cuts
     leave the same channels as p would at once); a FLOPs or parameter budget becomes the
-    geometric step towards it, R^(i/N) of the sparse model's count; a threshold stays as it
-    is. One iteration: the flags as given."""
+    geometric step towards it, R^(i/N) of the sparse model's count; a latency fraction L is
+    L^(1/N) of each iteration's own; a threshold stays as it is. One iteration: the flags as given."""
     n = args.iterations
     if n == 1:
         return {}
     if args.percent is not None:
         return {"percent": 1 - (1 - args.percent) ** (1 / n)}
+    if getattr(args, "target_latency", None) is not None:  # each cut's fraction of the network it cuts
+        kind, asked = parse_latency(args.target_latency)
+        if kind != "fraction":
+            raise SlimmingError("--iterations takes --target-latency as a fraction (each iteration cuts "
+                                "its share of it), not a time", param="target_latency")
+        return {"target_latency": asked ** (1 / n)}
     what = "flops" if args.target_flops is not None else "params" if args.target_params is not None else None
     if what is None:
         return {}

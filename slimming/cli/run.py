@@ -49,6 +49,11 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
             parser.error(f"{flag} does not fit --arch {clip(args.arch)}: {first_line(e)}")
     if getattr(args, "amp_dtype", None) and not args.amp:
         parser.error("--amp-dtype only applies with --amp; add --amp")
+    latency = getattr(args, "target_latency", None)
+    if args.command == "pipeline" and args.iterations > 1 and latency is not None \
+            and (latency.lower().endswith("s") or float(latency) >= 1):  # a time, not a fraction
+        parser.error("--iterations takes --target-latency as a fraction (each iteration cuts its share "
+                     "of it), not a time")
     if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:
         parser.error("--sparsity-target steers a strength: give the starting one, e.g. --sparsity 1e-4")
 

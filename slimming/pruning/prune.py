@@ -26,12 +26,12 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import SlimmingError, first_line, listed
+from ..errors import SlimmingError, first_line, listed, number
 from ..models.common import BN_STATE
 from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
 from ..utils.modules import keep_slices, modes_kept, unwrap
-from . import budget, repair, surgery
+from . import budget, repair, speed, surgery
 from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
@@ -146,7 +146,9 @@ class PruneResult:
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     verified: float | None = None  # the check's largest relative difference (None: not checked)
     widths: list = field(default_factory=list)  # (module, attribute, old, new, sure) integer widths set
-    budget: dict = field(default_factory=dict)  # target_flops/params: what, target, achieved
+    # target_flops/params: what, target, achieved; target_latency also asked, spread, fraction,
+    # full, met, rounds (each end-to-end measurement) and table (the lookup table's cost)
+    budget: dict = field(default_factory=dict)
     # (channels the rule ranks, of them cut): a channel that layers share (a residual stream,
     # a concatenation's reader) counts once; channels the graph keeps (pinned) are not ranked.
     # ``percent`` asks floor(percent * ranked); the limits (min_channels, equal groups) may keep more
@@ -173,8 +175,9 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           min_channels: int = 1, *, importance: Importance | str | None = None,
           example_inputs: torch.Tensor | None = None, ignore=(),
           surgery: str = "auto", target_flops: float | None = None,
-          target_params: float | None = None, round_to: int = 1, max_layer_prune: float = 1.0,
-          compensate: bool = True, keep_whole=(), verify: bool = True) -> PruneResult:
+          target_params: float | None = None, round_to: int | str = 1, max_layer_prune: float = 1.0,
+          compensate: bool = True, keep_whole=(), verify: bool = True,
+          target_latency: float | str | None = None, latency_model=None) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
     How many channels go, one of:
@@ -182,9 +185,17 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     - ``threshold``: every channel scoring at or under it;
     - ``target_flops`` / ``target_params``: a budget, a fraction in (0, 1) of the unpruned
       model's count or an absolute count (``2.5e8``): the fewest channels cut that bring the
-      network at or under it (``slimming.pruning.budget``).
+      network at or under it (``slimming.pruning.budget``);
+    - ``target_latency``: a fraction in (0, 1) of the original's latency, or milliseconds
+      (``"12ms"``, or a number >= 1), measured on the device the model is on at the example's
+      batch and size: layers timed at candidate widths into a table kept on disk, channels cut
+      by importance against latency saved, the result timed end to end against the original
+      and corrected (``slimming.pruning.speed``; ``result.budget`` says asked, achieved, spread
+      and every round). ``latency_model``: what times (a ``slimming.measure.latency``
+      ``LatencyModel``; default ``MeasuredLatency`` on the model's device).
     Then ``min_channels``, ``max_layer_prune`` (the largest fraction any layer loses) and
-    ``round_to`` (every width a multiple of it, never above the original) may keep more.
+    ``round_to`` (every width a multiple of it, never above the original; ``"auto"``: the
+    widest width of a step of each layer's measured latency staircase) may keep more.
 
     ``importance`` scores channels: an ``Importance`` or the name of one (default ``"bn-max"``:
     |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
@@ -209,10 +220,15 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     if surgery not in ("auto", "graph"):
         raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}", param="surgery")
     how = [percent is not None, threshold is not None, target_flops is not None,
-           target_params is not None]
+           target_params is not None, target_latency is not None]
     if sum(how) != 1:
-        raise SlimmingError("give exactly one of percent, threshold, target_flops and target_params",
-                            param=("percent", "threshold", "target_flops", "target_params"))
+        raise SlimmingError("give exactly one of percent, threshold, target_flops, target_params and "
+                            "target_latency", param=("percent", "threshold", "target_flops", "target_params",
+                                                     "target_latency"))
+    if target_latency is not None:
+        speed.parse_latency(target_latency)  # a bad budget answers before any work
+    if round_to != "auto":
+        number(round_to, "round_to", integer=True, low=1)
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
@@ -229,10 +245,17 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     def attempt(follow_sizes: bool, kept: tuple = ()) -> PruneResult:
         plan = _traced_plan(model, importance, example, ignore, (*whole, *kept), follow_sizes) if traced \
             else _family_plan(model, importance)
-        if budgeted:
-            result = budget.search(model, plan, example, target_flops, target_params, limits)
+        cut_limits = dict(limits)  # round_to="auto": this plan's groups' step widths
+        if round_to == "auto" and target_latency is None:
+            cut_limits["round_to"] = speed.step_widths(model, plan, as_inputs(example), latency_model, limits)
+        if target_latency is not None:
+            result = speed.search(model, plan, as_inputs(example), target_latency, limits, latency_model,
+                                  checked=verify)
+        elif budgeted:
+            result = budget.search(model, plan, example, target_flops, target_params, cut_limits,
+                                   checked=verify)  # a cut that does not run: the check's to refuse
         else:
-            masks, cut_at, guarded = select(plan.scores, percent, threshold, **limits)
+            masks, cut_at, guarded = select(plan.scores, percent, threshold, **cut_limits)
             result = plan.build(masks, cut_at, guarded)
         if verify:
             try:

@@ -57,7 +57,7 @@ def channel_masks(model: nn.Module, percent: float | None = None, threshold: flo
 
 
 def select(scores: list[torch.Tensor], percent: float | None, threshold: float | None,
-           min_channels: int = 1, round_to: int = 1,
+           min_channels: int = 1, round_to: int | list[list[int]] = 1,
            max_layer_prune: float = 1.0) -> tuple[list[torch.Tensor], float | None, list[int]]:
     """Keep-masks for score vectors (one per group of channels cut together), the threshold,
     and the indices of the groups the ``min_channels`` guard refilled.
@@ -68,9 +68,12 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     group of n channels, the best-scoring channels come back until the group keeps at least
     ``min_channels`` (or all n, if it has fewer: no layer is ever emptied), at least
     ``(1 - max_layer_prune) * n`` (rounded up: no layer loses more than that fraction), and a
-    multiple of ``round_to`` (never more than n): so these three can only keep more channels
-    than the percent or threshold alone.
+    multiple of ``round_to`` (never more than n; a list: per group, the widths it may keep,
+    ascending, as ``round_to="auto"`` measures them): so these three can only keep more
+    channels than the percent or threshold alone.
     """
+    steps = round_to if isinstance(round_to, list) else None
+    round_to = 1 if steps is not None else round_to
     if (percent is None) == (threshold is None):
         raise SlimmingError("give exactly one of percent and threshold", param=("percent", "threshold"))
     for value, name in ((percent, "percent"), (threshold, "threshold"), (max_layer_prune, "max_layer_prune")):
@@ -116,6 +119,8 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
         guard = min(min_channels, n)
         want = max(kept, guard, math.ceil((1 - max_layer_prune) * n - 1e-9))
         want = min(n, -(-want // round_to) * round_to)
+        if steps is not None:
+            want = next((w for w in steps[i] if w >= want), n)
         if kept < guard:
             guarded.append(i)
         if want > kept:  # the best channels back, those the cut kept first among them

@@ -119,6 +119,29 @@ def channels_kept(layers: Sequence[tuple[str, int, int]], path: str | os.PathLik
     save(channels_kept_figure(layers), path)
 
 
+def accuracy_latency_figure(stages: Mapping[str, Mapping], batch: int = 1):
+    """Each stage's test accuracy against its measured latency at ``batch`` (a point per stage
+    with both): what a user chooses a slimmed network by."""
+    fig = _figure(6, 4.5)
+    ax = fig.subplots()
+    for name, s in stages.items():
+        ms = s.get("latency_ms", {}).get(batch)
+        if s.get("acc") is not None and ms is not None:
+            ax.plot([ms], [s["acc"]], marker="o", markersize=8, linestyle="none", color=COLORS.get(name),
+                    label=f"{name}: {ms:.3g} ms, {s['acc']:.2f}%")
+    ax.set_xlabel(f"latency at batch {batch} (ms, measured)")
+    ax.set_ylabel("test top-1 (%)")
+    ax.set_title("Accuracy against measured latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_latency(stages: Mapping[str, Mapping], path: str | os.PathLike, batch: int = 1) -> None:
+    save(accuracy_latency_figure(stages, batch), path)
+
+
 # ---------------------------------------------------------------------------------------------
 # training curves
 
@@ -215,16 +238,20 @@ def _label_points(fig, ax, points: Sequence[tuple]) -> None:
 
 
 def sweep_figure(rows: Sequence[Mapping]):
-    """Accuracy right after pruning against the fraction of parameters and of FLOPs kept.
+    """Accuracy right after pruning against the fraction of parameters and of FLOPs kept (and
+    of the measured latency, for a latency sweep).
 
     A row with ``"reference": True`` is the unpruned network: drawn as a star at 100% kept with
     a dashed horizontal line at its accuracy, so the cost of each percent reads off directly.
     """
-    fig = _figure(11, 4.5)
-    axes = fig.subplots(1, 2, sharey=True)
+    kinds = [("params_kept", "parameters"), ("flops_kept", "FLOPs")]
+    if all("latency_kept" in r for r in rows):  # a latency sweep: the latency as measured
+        kinds.append(("latency_kept", "measured latency"))
+    fig = _figure(5.5 * len(kinds), 4.5)
+    axes = fig.subplots(1, len(kinds), sharey=True)
     reference = next((r for r in rows if r.get("reference")), None)
     points = [r for r in rows if not r.get("reference")]
-    for ax, key, label in zip(axes, ("params_kept", "flops_kept"), ("parameters", "FLOPs")):
+    for ax, (key, label) in zip(axes, kinds):
         ax.plot([100 * r[key] for r in points], [r["acc"] for r in points], marker="o",
                 markersize=4, color=COLORS["pruned"], label="pruned, no fine-tune")
         if reference is not None:
@@ -239,7 +266,7 @@ def sweep_figure(rows: Sequence[Mapping]):
     axes[0].legend(fontsize=8, loc="lower right")
     fig.suptitle("Prune sweep (labels: fraction of channels removed)")
     fig.tight_layout()
-    for ax, key in zip(axes, ("params_kept", "flops_kept")):
+    for ax, (key, _) in zip(axes, kinds):
         # The reference's label goes below and to the left of its star, inside the axes.
         labels = ([(100 * reference[key], reference["acc"], "unpruned", (-4, -11), "right")]
                   if reference else [])

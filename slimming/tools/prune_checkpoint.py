@@ -12,10 +12,10 @@ from torch import nn
 
 from ..errors import SlimmingError
 from ..io.checkpoint import checkpoint_dict, load_checkpoint, model_from_checkpoint
-from ..pruning.prune import PruneResult, prune
+from ..pruning.prune import PruneResult, default_example, prune
 from ..pruning.select import prunable_factors
 
-HOW = ("percent", "threshold", "target_flops", "target_params")
+HOW = ("percent", "threshold", "target_flops", "target_params", "target_latency")
 LIMITS = (("min_channels", 1), ("round_to", 1), ("max_layer_prune", 1.0))
 
 
@@ -50,20 +50,25 @@ class PrunedCheckpoint:
 
 
 def prune_checkpoint(path: str | os.PathLike, *, device: str | torch.device = "cpu",
-                     arch: str | None = None, depth: int | None = None, **options) -> PrunedCheckpoint:
+                     arch: str | None = None, depth: int | None = None, batch_size: int = 1,
+                     **options) -> PrunedCheckpoint:
     """Load ``path`` onto ``device`` and prune its network with ``slimming.prune(**options)``
-    (``percent``, ``threshold``, ``target_flops`` or ``target_params``, and the per-layer
-    limits). ``arch``/``depth`` describe a file of the paper's code, which does not say them.
-    Raises SlimmingError when the cut removes no channel."""
+    (``percent``, ``threshold``, ``target_flops``, ``target_params`` or ``target_latency``, and
+    the per-layer limits), on a batch of ``batch_size`` images of the model's input size (what
+    a latency is measured at). ``arch``/``depth`` describe a file of the paper's code, which
+    does not say them. Raises SlimmingError when the cut removes no channel."""
     ckpt = load_checkpoint(path, map_location=device, **({"arch": arch, "depth": depth} if arch else {}))
     model = model_from_checkpoint(ckpt, path)
+    if batch_size > 1:
+        one = default_example(model)
+        options["example_inputs"] = one.repeat(batch_size, *[1] * (one.dim() - 1))
     result = prune(model, **options)  # rebuilt on ``device``
     if all(before == after for _, before, after in result.layer_table()):
         asked = next((k for k in HOW if options.get(k) is not None), "percent")
         how = f"{asked} {options.get(asked)}"
         limits = [name for name, default in LIMITS if options.get(name) not in (None, default)]
         if limits and (options.get("percent") or 0) > 0:  # the cut was asked for; the limits undid it
-            given = " and ".join(f"{name} {options[name]:g}" for name in limits)
+            given = " and ".join(f"{name} {options[name]}" for name in limits)
             raise SlimmingError(f"{how} prunes no channel once {given} put channels back: every layer "
                                 f"keeps all of its channels; lower {'them' if len(limits) > 1 else 'it'} "
                                 "or cut more", param=(asked, *limits))

@@ -191,6 +191,7 @@ def build_report(run: str | Path, latency_repeats: int = 10,
             acc = _read_eval(done) if done.exists() else None
             report["threshold"] = _number(ckpt.get("threshold"))
             report["percent"] = _number(ckpt.get("percent"))
+            report["budget"] = _latency_budget(ckpt.get("budget"))
             if ckpt.get("cfg_mask") is not None:
                 report["layers"] = _layers(ckpt["cfg_mask"], model, path, ckpt.get("layer_names"))
         epochs = ckpt.get("epoch")
@@ -222,6 +223,19 @@ def build_report(run: str | Path, latency_repeats: int = 10,
     return report
 
 
+def _latency_budget(budget) -> dict | None:
+    """A pruned checkpoint's latency budget record, where its fields are what the report
+    prints (numbers where numbers belong); None for anything else."""
+    if not isinstance(budget, dict) or budget.get("what") != "latency":
+        return None
+    numbers = ("target", "asked", "achieved", "spread", "fraction", "full")
+    if budget.get("kind") not in ("fraction", "ms") or any(_number(budget.get(k)) is None for k in numbers):
+        return None
+    batch = budget.get("batch")
+    return {**{k: _number(budget[k]) for k in numbers}, "what": "latency", "kind": budget["kind"],
+            "batch": batch if isinstance(batch, int) and not isinstance(batch, bool) else None}
+
+
 def _ratio(a, b) -> str:
     return f"{b / a:.3f}x" if a else "-"
 
@@ -245,6 +259,10 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
                                   prune_epoch=report.get("prune_epoch") if pruned else None,
                                   pruned_acc=pruned["acc"] if pruned else None)
             pictures.append("curves.png")
+        timed = [s for s in stages.values() if s["acc"] is not None and s["latency_ms"].get(1) is not None]
+        if len(timed) >= 2:
+            plots.accuracy_latency(stages, run / "latency.png")
+            pictures.append("latency.png")
     md = [f"# Slimming report: {run}", ""]
     md += ["| stage | top-1 | parameters | FLOPs | latency b1 | latency b64 | cfg |",
            "|---|---|---|---|---|---|---|"]
@@ -262,6 +280,12 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
                f"{_ratio(before['latency_ms'].get(1), after['latency_ms'].get(1))}, batch 64 "
                f"{_ratio(before['latency_ms'].get(64), after['latency_ms'].get(64))} "
                f"(on {report.get('device', 'cpu')}, median of repeated runs)."]
+    b = report.get("budget") or {}
+    if b.get("what") == "latency":
+        md += ["", f"Latency budget asked at the cut: {b['target']:.3g} ms ({b['asked']:g}"
+               f"{' of the original' if b['kind'] == 'fraction' else ' ms'}, batch {b.get('batch')}); "
+               f"measured then: {b['achieved']:.3g} ms +- {b['spread']:.2g}, "
+               f"{b['fraction']:.3f} of the original's {b['full']:.3g} ms."]
     if report["layers"]:
         thr = report["threshold"]
         md += ["", f"Pruned {report['percent'] if report['percent'] is not None else '-'} of "

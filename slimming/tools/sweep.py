@@ -93,9 +93,11 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
     threshold, params, FLOPs, their fractions kept, and the test accuracy (%) and loss of the
     pruned network, before any fine-tuning (``"reference": False``).
 
-    ``axis``: "percent" (the points are fractions of channels removed), "flops" or "params"
-    (the points are budgets, fractions of the unpruned count: each row also has ``target``,
-    and ``percent`` is then the fraction of channels the budget removed). ``options``: more
+    ``axis``: "percent" (the points are fractions of channels removed), "flops", "params" or
+    "latency" (the points are budgets, fractions of the unpruned count or measured latency:
+    each row also has ``target``, and ``percent`` is then the fraction of channels the budget
+    removed; a latency row also has ``latency_ms`` and ``latency_kept``, as measured, and so
+    has the reference row). ``options``: more
     keywords for ``slimming.prune`` (round_to, max_layer_prune, compensate). ``repair``: called
     on each pruned network before it is evaluated (e.g. BatchNorm recalibration)."""
     params0, flops0 = count_params(model), count_flops(model, input_size)
@@ -103,7 +105,8 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
     rows = [{"percent": 0.0, "threshold": None, "params": params0, "params_kept": 1.0,
              "flops": flops0, "flops_kept": 1.0, "acc": m["acc"], "loss": m["loss"],
              "reference": True}]
-    keyword = {"percent": "percent", "flops": "target_flops", "params": "target_params"}[axis]
+    keyword = {"percent": "percent", "flops": "target_flops", "params": "target_params",
+               "latency": "target_latency"}[axis]
     for p in sorted(set(percents)):
         if p == 0:
             continue
@@ -118,6 +121,10 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
                "flops_kept": flops / flops0, "acc": m["acc"], "loss": m["loss"], "reference": False}
         if axis != "percent":
             row["target"] = p
+        if axis == "latency":
+            b = result.budget
+            row.update(latency_ms=b["achieved"], latency_kept=b["fraction"])
+            rows[0].update(latency_ms=b["full"], latency_kept=1.0)  # the last measurement of it
         rows.append(row)
     return rows
 
@@ -134,12 +141,15 @@ def _csv(rows: list[dict]) -> str:
 
 
 def _markdown(rows: list[dict]) -> str:
-    lines = ["| percent removed | params | params kept | FLOPs | FLOPs kept | top-1 (no fine-tune) |",
-             "|---|---|---|---|---|---|"]
+    timed = any("latency_ms" in r for r in rows)
+    lines = ["| percent removed | params | params kept | FLOPs | FLOPs kept | "
+             + ("latency (measured) | " if timed else "") + "top-1 (no fine-tune) |",
+             "|---|---|---|---|---|" + ("---|" if timed else "") + "---|"]
     for r in rows:
         percent = "0 (unpruned)" if r.get("reference") else f"{r['percent']:g}"
+        latency = f"{r['latency_ms']:.3g} ms ({100 * r['latency_kept']:.1f}%) | " if timed else ""
         lines.append(f"| {percent} | {r['params'] / 1e6:.3f}M | {100 * r['params_kept']:.1f}% | "
-                     f"{r['flops']:.3e} | {100 * r['flops_kept']:.1f}% | {r['acc']:.2f}% |")
+                     f"{r['flops']:.3e} | {100 * r['flops_kept']:.1f}% | {latency}{r['acc']:.2f}% |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,0 +1,283 @@
+"""Latency as the device runs it: networks timed end to end, interleaved (median and spread), and
+single layers timed at candidate widths into a lookup table (HALP's, NeurIPS 2022), kept on
+disk per device, torch version and thread count.
+
+A ``LatencyModel`` is what a latency budget asks (``slimming.pruning.speed``): ``layer(spec,
+in_ch, out_ch)``, the milliseconds of one layer at those widths, and ``network(models,
+inputs)``, milliseconds per forward of each model, sampled in turn (so that a slow spell of
+the machine falls on all of them alike). ``MeasuredLatency`` times them on the device the
+model is on (the CPU with ``torch.get_num_threads()`` threads as set, or CUDA with
+synchronisation); tests inject a deterministic model instead. Timings are medians: these
+machines are noisy, and a mean follows one slow run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from ..utils.files import human_bytes, write_text
+
+CACHE_ENV = "SLIMMING_CACHE_DIR"  # where the tables live; default ~/.cache/slimming
+MAX_TABLE_BYTES = 16 * 2**20  # a table file over this is not read (a table is a few hundred KiB)
+LAYER_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)  # what the table times; others: the rest
+
+
+def cache_dir() -> Path:
+    """The folder of the latency tables: ``$SLIMMING_CACHE_DIR``, else ``$XDG_CACHE_HOME/slimming``,
+    else ``~/.cache/slimming``; the tables are in its ``latency/``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]) / "latency"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slimming" / "latency"
+
+
+def cache_info() -> tuple[Path, int, int]:
+    """(folder, number of tables, bytes) of the latency cache."""
+    folder = cache_dir()
+    files = list(folder.glob("*.json")) if folder.is_dir() else []
+    return folder, len(files), sum(f.stat().st_size for f in files)
+
+
+def clear_cache() -> int:
+    """Remove every latency table; returns the bytes freed."""
+    folder, _, size = cache_info()
+    for f in folder.glob("*.json") if folder.is_dir() else ():
+        f.unlink(missing_ok=True)
+    return size
+
+
+def device_context(device: torch.device) -> dict:
+    """What a timing depends on beyond the layer: the device, torch's version, the threads."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip()
+    return {"device": f"{device.type}: {name}", "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
+
+
+def median_spread(samples: Sequence[float]) -> tuple[float, float]:
+    """The median and the spread (half the interquartile range) of ``samples``."""
+    if len(samples) < 4:
+        return statistics.median(samples), (max(samples) - min(samples)) / 2
+    q1, _, q3 = statistics.quantiles(samples, n=4)
+    return statistics.median(samples), (q3 - q1) / 2
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One convolution or linear layer as the lookup table times it: its kind and
+    hyper-parameters, the input it saw (``shape``: the input's shape with the channel dim set
+    to 0), and its widths in the network (``full_in``, ``full_out``). A depthwise layer
+    (``groups == in_channels``) stays depthwise at every width (``out = in * mult``)."""
+
+    kind: str  # "Conv1d", "Conv2d", "Conv3d", "Linear"
+    shape: tuple[int, ...]
+    full_in: int
+    full_out: int
+    kernel: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    padding: tuple | str = ()
+    dilation: tuple[int, ...] = ()
+    groups: int = 1  # 0: depthwise
+    bias: bool = False
+    dtype: str = "float32"
+    channels_last: bool = False
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups == 0
+
+    def key(self, in_ch: int, out_ch: int) -> str:
+        return json.dumps([self.kind, self.shape, in_ch, out_ch, self.kernel, self.stride, self.padding,
+                           self.dilation, self.groups, self.bias, self.dtype, self.channels_last])
+
+    def build(self, in_ch: int, out_ch: int, device: torch.device) -> tuple[nn.Module, torch.Tensor]:
+        """The layer at these widths (random weights) and an input for it, on ``device``."""
+        dtype = getattr(torch, self.dtype)
+        shape = list(self.shape)
+        if self.kind == "Linear":
+            shape[-1] = in_ch
+            layer = nn.Linear(in_ch, out_ch, bias=self.bias)
+        else:
+            shape[1] = in_ch
+            groups = in_ch if self.depthwise else math.gcd(self.groups, math.gcd(in_ch, out_ch))
+            layer = getattr(nn, self.kind)(in_ch, out_ch, self.kernel, self.stride, self.padding,
+                                           self.dilation, groups=groups, bias=self.bias)
+        layer = layer.to(device=device, dtype=dtype).eval()
+        x = torch.randn(shape, device=device, dtype=dtype)
+        if self.channels_last and x.dim() == 4:
+            last = torch.channels_last
+            layer, x = layer.to(memory_format=last), x.contiguous(memory_format=last)
+        return layer, x
+
+
+def spec_of(m: nn.Module, x: torch.Tensor) -> LayerSpec | None:
+    """``m`` (a convolution or linear layer of torch's, or a subclass) on its input ``x`` as a
+    LayerSpec; None for anything else (a transposed convolution: the rest of the network)."""
+    kind = next((t.__name__ for t in LAYER_TYPES if isinstance(m, t)), None)
+    if kind is None or not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        return None
+    shape = list(x.shape)
+    if kind == "Linear":
+        shape[-1] = 0
+        return LayerSpec(kind, tuple(shape), m.in_features, m.out_features, bias=m.bias is not None,
+                         dtype=str(m.weight.dtype).removeprefix("torch."))
+    if x.dim() < 2:
+        return None
+    shape[1] = 0
+    depthwise = m.groups > 1 and m.groups == m.in_channels
+    last = x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    return LayerSpec(kind, tuple(shape), m.in_channels, m.out_channels, tuple(m.kernel_size),
+                     tuple(m.stride), m.padding if isinstance(m.padding, str) else tuple(m.padding),
+                     tuple(m.dilation), 0 if depthwise else m.groups, m.bias is not None,
+                     str(m.weight.dtype).removeprefix("torch."), last)
+
+
+@torch.no_grad()
+def layer_specs(model: nn.Module, inputs: tuple) -> dict[str, LayerSpec]:
+    """{name: LayerSpec} of every convolution and linear layer ``model`` runs on ``inputs``
+    (one forward, in eval mode; the model's modes are the caller's to keep)."""
+    specs, handles = {}, []
+    for name, m in model.named_modules():
+        if isinstance(m, LAYER_TYPES):
+            def hook(module, args, name=name):
+                spec = spec_of(module, args[0]) if args else None
+                if spec is not None:
+                    specs.setdefault(name, spec)
+            handles.append(m.register_forward_pre_hook(hook))
+    try:
+        model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return specs
+
+
+class LatencyModel(Protocol):
+    """What a latency budget asks of the device (``MeasuredLatency`` times it for real)."""
+
+    def layer(self, spec: LayerSpec, in_ch: int, out_ch: int) -> float:
+        """Milliseconds of one forward of the layer ``spec`` at these widths."""
+
+    def network(self, models: Sequence[nn.Module], inputs: tuple) -> list[list[float]]:
+        """Milliseconds of one forward of each model on ``inputs``: samples per model."""
+
+
+def _sync(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+@torch.inference_mode()
+def time_interleaved(models: Sequence[nn.Module], inputs: tuple, repeats: int = 15,
+                     warmup: int = 2) -> list[list[float]]:
+    """Milliseconds of one forward of each model, ``repeats`` samples each, taken in turn
+    (model 1, model 2, ..., model 1, ...) after ``warmup`` forwards of each, in eval mode."""
+    device = next(p.device for m in models for p in m.parameters())
+    sync = _sync(device)
+    for m in models:
+        m.eval()
+        for _ in range(warmup):
+            m(*inputs)
+    sync()
+    samples: list[list[float]] = [[] for _ in models]
+    for _ in range(repeats):
+        for m, out in zip(models, samples):
+            start = time.perf_counter()
+            m(*inputs)
+            sync()
+            out.append(1000 * (time.perf_counter() - start))
+    return samples
+
+
+@torch.inference_mode()
+def time_layer(layer: nn.Module, x: torch.Tensor, samples: int = 5, least_ms: float = 1.0) -> float:
+    """Median milliseconds of ``layer(x)``; each sample runs the layer often enough to last
+    ``least_ms`` (a small layer's single run is under the clock's noise)."""
+    sync = _sync(x.device)
+    layer(x)
+    sync()
+    start = time.perf_counter()
+    layer(x)
+    sync()
+    once = max(time.perf_counter() - start, 1e-7)
+    runs = max(1, min(1000, math.ceil(least_ms / 1000 / once)))
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        for _ in range(runs):
+            layer(x)
+        sync()
+        times.append(1000 * (time.perf_counter() - start) / runs)
+    return statistics.median(times)
+
+
+class MeasuredLatency:
+    """The latency model of the device ``device``: layers timed alone at their widths, kept in
+    a table on disk (``cache=False``: in memory only), and networks timed end to end,
+    interleaved (``repeats`` samples each). ``measured``/``seconds``: the layer timings this
+    object made and what they took; ``path``: its table's file."""
+
+    def __init__(self, device: torch.device | str = "cpu", repeats: int = 15, cache: bool = True):
+        self.device, self.repeats, self.cache = torch.device(device), repeats, cache
+        self.context = device_context(self.device)
+        digest = hashlib.sha256(json.dumps(self.context, sort_keys=True).encode()).hexdigest()[:16]
+        self.path = cache_dir() / f"{digest}.json"
+        self.entries: dict[str, float] = self._read() if cache else {}
+        self.measured, self.seconds, self.dirty = 0, 0.0, False
+
+    def _read(self) -> dict[str, float]:
+        """The table on disk, or an empty one (missing, too large, not ours, or damaged: it is
+        a cache, remade by timing again)."""
+        try:
+            if self.path.stat().st_size > MAX_TABLE_BYTES:
+                return {}
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        ours = isinstance(data, dict) and data.get("context") == self.context
+        entries = data.get("entries") if ours else None
+        if not isinstance(entries, dict):
+            return {}
+        return {k: float(v) for k, v in entries.items()
+                if isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+
+    def layer(self, spec: LayerSpec, in_ch: int, out_ch: int) -> float:
+        key = spec.key(in_ch, out_ch)
+        if key not in self.entries:
+            start = time.perf_counter()
+            layer, x = spec.build(in_ch, out_ch, self.device)
+            self.entries[key] = time_layer(layer, x)
+            self.seconds += time.perf_counter() - start
+            self.measured += 1
+            self.dirty = True
+        return self.entries[key]
+
+    def network(self, models: Sequence[nn.Module], inputs: tuple) -> list[list[float]]:
+        return time_interleaved(models, inputs, self.repeats)
+
+    def save(self) -> None:
+        """Write the table (atomically) when this object timed anything new."""
+        if self.cache and self.dirty:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(self.path, json.dumps({"context": self.context, "entries": self.entries}))
+            self.dirty = False
+
+    def describe(self) -> dict:
+        """The table's cost and size, as a result reports it."""
+        size = self.path.stat().st_size if self.cache and self.path.exists() else 0
+        return {"entries": len(self.entries), "measured": self.measured, "seconds": round(self.seconds, 3),
+                "path": str(self.path) if self.cache else None, "bytes": size,
+                "size": human_bytes(size), **self.context}

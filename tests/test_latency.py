@@ -1,0 +1,255 @@
+"""The latency budget and round_to="auto" (slimming.pruning.speed), driven by a deterministic
+latency model: every assertion is about behaviour, none about time. The real timer
+(slimming.measure.latency.MeasuredLatency) is tested for its cache, not its figures."""
+
+import json
+import math
+
+import pytest
+import torch
+import torchvision
+from conftest import sparsity_shaped
+from torch import nn
+
+import slimming
+from slimming.errors import SlimmingError
+from slimming.measure import latency
+from slimming.measure.latency import MeasuredLatency, layer_specs
+from slimming.pruning.speed import parse_latency
+from slimming.tools.sweep import sweep
+from slimming.utils.modules import modes_kept
+
+
+class StepLatency:
+    """A device whose layers cost their multiply-adds with each width rounded up to a multiple
+    of ``step`` (a staircase, as vector units give), plus ``overhead`` per layer; a network
+    costs the sum over its layers, the same in every sample (no spread)."""
+
+    def __init__(self, step: int = 8, overhead: float = 0.0):
+        self.step, self.overhead, self.calls = step, overhead, 0
+
+    def up(self, c: int) -> int:
+        return -(-c // self.step) * self.step
+
+    def layer(self, spec, in_ch: int, out_ch: int) -> float:
+        positions = math.prod(d for d in spec.shape if d)  # batch x input positions
+        kernel = math.prod(spec.kernel) if spec.kernel else 1
+        reads = 1 if spec.depthwise else self.up(in_ch)
+        return 1e-6 * positions * kernel * reads * self.up(out_ch) + self.overhead
+
+    def network(self, models, inputs):
+        self.calls += 1
+        out = []
+        for m in models:
+            with modes_kept(m):
+                m.eval()
+                specs = layer_specs(m, inputs)
+            out.append([sum(self.layer(s, s.full_in, s.full_out) for s in specs.values())] * 5)
+        return out
+
+
+def cost(model, x, device=None) -> float:
+    return (device or StepLatency()).network([model], (x,))[0][0]
+
+
+class TwoScales(nn.Module):
+    """A conv at 32x32 (costly per channel) and one at 4x4 (cheap per channel) after pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.big = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.pool = nn.AvgPool2d(8)
+        self.small = nn.Sequential(nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.head = nn.Conv2d(32, 32, 1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = self.small(self.pool(self.head(self.big(self.stem(x)))))
+        return self.fc(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("asked", [0.3, 0.5, 0.7])
+def test_a_latency_budget_lands_on_the_fraction_asked(seed, asked, one_thread):
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, seed)
+    x = torch.randn(1, 3, 64, 64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    device = StepLatency()
+    result = slimming.prune(model, target_latency=asked, example_inputs=x, latency_model=device)
+    b = result.budget
+    assert b["what"] == "latency" and b["kind"] == "fraction" and b["asked"] == asked
+    achieved = cost(result.model, x) / cost(model, x)
+    assert b["fraction"] == pytest.approx(achieved)
+    # the estimate is exact for this device: the cut lands at or just under the budget, within
+    # one step of the cut (a step of a residual stream at 0.3 is 5% of the network)
+    assert achieved <= asked * 1.03 and achieved >= asked - 0.05, (achieved, b["rounds"])
+    assert b["met"] == (abs(achieved - asked) <= 0.03 * asked) and b["spread"] == 0
+    assert b["met"] or asked == 0.3  # 0.5 and 0.7 land within 3%
+    assert len(b["rounds"]) == 1 or not all(r["fraction"] <= asked * 1.03 for r in b["rounds"][:1]) \
+        or not b["met"]  # an exact estimate that lands needs no second round
+    assert result.verified is not None and result.verified < 1e-3  # checked: exact
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # untouched
+    out = result.model(x)
+    assert out.shape == (1, 10) and torch.isfinite(out).all()
+
+
+def test_an_absolute_budget_in_milliseconds(one_thread):
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, 3)
+    x = torch.randn(2, 3, 64, 64)
+    full = cost(model, x)
+    result = slimming.prune(model, target_latency=f"{0.6 * full:.6f}ms", example_inputs=x,
+                            latency_model=StepLatency())
+    assert result.budget["kind"] == "ms" and result.budget["target"] == pytest.approx(0.6 * full, rel=1e-5)
+    assert cost(result.model, x) <= 0.6 * full * 1.03
+    assert result.budget["batch"] == 2
+
+
+def test_latency_saved_per_importance_decides_where_the_cut_falls(one_thread):
+    """Every gamma equal: a channel of the layers at 32x32 saves 64x what one at 4x4 saves, so
+    the costly layers lose channels and the cheap one keeps all of its own."""
+    torch.manual_seed(0)
+    model = TwoScales().eval()
+    for bn in (model.stem[1], model.big[1], model.small[1]):
+        bn.weight.data.fill_(0.5)
+    x = torch.randn(1, 3, 32, 32)
+    result = slimming.prune(model, target_latency=0.6, example_inputs=x, latency_model=StepLatency())
+    kept = {n: int(m.sum()) for n, m in result.masks.items()}
+    assert kept["small.1"] == 32 and kept["big.1"] + kept["stem.1"] < 48, kept
+    # sparsity says otherwise: channels at zero in the cheap layer cost no importance, so they go
+    # first, whatever they save
+    model.small[1].weight.data[:16] = 0
+    result = slimming.prune(model, target_latency=0.6, example_inputs=x, latency_model=StepLatency())
+    assert int(result.masks["small.1"].sum()) == 16
+
+
+@pytest.mark.parametrize("step", [8, 16])
+def test_round_to_auto_keeps_widths_at_the_top_of_a_step(step, one_thread):
+    """On a staircase of ``step`` channels, a width between two steps costs as much as the
+    step's top: round_to="auto" gives every cut layer a multiple of the step (or all it had)."""
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, 4)
+    x = torch.randn(1, 3, 64, 64)
+    device = StepLatency(step)
+    plain = slimming.prune(model, percent=0.37, example_inputs=x)
+    auto = slimming.prune(model, percent=0.37, example_inputs=x, round_to="auto", latency_model=device)
+    widths = [(m.numel(), int(m.sum())) for m in auto.cfg_mask]
+    assert all(a % step == 0 or a == n for n, a in widths), widths
+    assert any(a % step for _, a in ((m.numel(), int(m.sum())) for m in plain.cfg_mask))  # it did something
+    # only keeps more: each layer at least what the percent alone kept
+    assert all(int(a.sum()) >= int(p.sum()) for a, p in zip(auto.cfg_mask, plain.cfg_mask))
+    assert cost(auto.model, x, device) == pytest.approx(cost(auto.model, x, device))
+    # and a latency budget with round_to="auto" lands on step tops too
+    timed = slimming.prune(model, target_latency=0.5, example_inputs=x, round_to="auto", latency_model=device)
+    assert all(int(m.sum()) % step == 0 or bool(m.all()) for m in timed.cfg_mask)
+    assert timed.budget["fraction"] <= 0.5 * 1.03
+
+
+def test_the_family_and_depthwise_paths_take_a_latency_budget(one_thread):
+    """A shipped family (VGG, its own surgery) and a grouped/depthwise network (MobileNetV2)."""
+    vgg = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, 64, "M", 64, 64, "M", 64])
+    sparsity_shaped(vgg, 5)
+    r = slimming.prune(vgg, target_latency=0.5, latency_model=StepLatency())
+    assert isinstance(r.cfg, list) and r.budget["fraction"] <= 0.5 * 1.03
+    mobile = torchvision.models.mobilenet_v2(num_classes=10).eval()
+    sparsity_shaped(mobile, 6)
+    x = torch.randn(1, 3, 64, 64)
+    r = slimming.prune(mobile, target_latency=0.6, example_inputs=x, latency_model=StepLatency(),
+                       ignore=("classifier.1",))
+    assert r.budget["fraction"] <= 0.6 * 1.03 and r.verified is not None
+    assert r.budget["fraction"] == pytest.approx(cost(r.model, x) / cost(mobile, x))
+
+
+def test_the_measurement_corrects_the_estimate(one_thread):
+    """A device slower than its table (every network costs 1.5x its layers, plus a fixed part
+    the table cannot see): the first cut misses, the next rounds correct the goal from the
+    measurement and land within the tolerance; every round is reported."""
+
+    class Skewed(StepLatency):
+        def network(self, models, inputs):
+            return [[1.5 * t + 0.2 for t in s] for s in super().network(models, inputs)]
+
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, 7)
+    x = torch.randn(1, 3, 64, 64)
+    r = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Skewed(overhead=0.01))
+    rounds = r.budget["rounds"]
+    assert r.budget["met"] and abs(r.budget["fraction"] - 0.5) <= 0.5 * 0.03, rounds
+    assert all(set(k) >= {"estimated_ms", "achieved_ms", "fraction", "spread_ms"} for k in rounds)
+
+
+@pytest.mark.parametrize("value, match", [
+    ("fast", "fraction such as 0.5 or a time"), (0, "fraction in"), (-1, "fraction in"),
+    ("0ms", "positive time"), (float("nan"), "target_latency"), (True, "target_latency"),
+])
+def test_bad_latency_budgets_are_one_line_errors(value, match):
+    model = slimming.models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 8])
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(SlimmingError, match=match) as e:
+        slimming.prune(model, target_latency=value, latency_model=StepLatency())
+    assert "\n" not in str(e.value) and "target_latency" in e.value.params
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_a_budget_no_network_meets_is_refused_with_the_measured_figure(one_thread):
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 32, "M", 32, "M", 32])
+    sparsity_shaped(model, 8)
+    device = StepLatency(overhead=1.0)  # fixed costs the cut cannot touch
+    with pytest.raises(SlimmingError, match="cannot be met: the smallest network") as e:
+        slimming.prune(model, target_latency=0.1, latency_model=device)
+    assert "measured" in str(e.value)
+    with pytest.raises(SlimmingError, match="at or above the unpruned"):
+        slimming.prune(model, target_latency=f"{10 * cost(model, torch.zeros(1, 3, 32, 32), device)}ms",
+                       latency_model=device)
+    with pytest.raises(SlimmingError, match="exactly one of"):
+        slimming.prune(model, percent=0.5, target_latency=0.5)
+
+
+def test_parse_latency():
+    assert parse_latency(0.5) == ("fraction", 0.5)
+    assert parse_latency("0.25") == ("fraction", 0.25)
+    assert parse_latency("12ms") == ("ms", 12.0)
+    assert parse_latency(" 12 ms ") == ("ms", 12.0)
+    assert parse_latency("0.012s") == ("ms", 12.0)
+    assert parse_latency("1e1ms") == ("ms", 10.0)
+    assert parse_latency(15) == ("ms", 15.0)
+
+
+def test_a_latency_sweep_reports_the_measured_latency(one_thread):
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, "M", 64, "M", 64])
+    sparsity_shaped(model, 9)
+    data = [(torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,)))]
+    rows = sweep(model, data, torch.device("cpu"), [0.4, 0.7], axis="latency",
+                 options={"latency_model": StepLatency()})
+    assert rows[0]["reference"] and rows[0]["latency_kept"] == 1.0
+    assert [r["target"] for r in rows[1:]] == [0.4, 0.7]
+    assert all(r["latency_kept"] <= r["target"] * 1.03 for r in rows[1:])
+    assert rows[1]["latency_ms"] < rows[2]["latency_ms"] < rows[0]["latency_ms"]
+
+
+def test_the_table_is_cached_per_device_and_can_be_cleared(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(latency.CACHE_ENV, str(tmp_path))
+    spec = latency.spec_of(nn.Conv2d(4, 8, 1), torch.randn(1, 4, 4, 4))
+    first = MeasuredLatency("cpu")
+    ms = first.layer(spec, 4, 8)
+    first.layer(spec, 4, 8)
+    assert ms > 0 and first.measured == 1
+    first.save()
+    folder, tables, size = latency.cache_info()
+    assert folder == tmp_path / "latency" and tables == 1 and size > 0
+    again = MeasuredLatency("cpu")
+    assert again.layer(spec, 4, 8) == ms and again.measured == 0  # from the file, not timed
+    assert again.describe()["entries"] == 1 and again.describe()["threads"] == torch.get_num_threads()
+    # a damaged, foreign or oversized table is a cache miss, never an error
+    first.path.write_text("{not json")
+    assert MeasuredLatency("cpu").entries == {}
+    first.path.write_text(json.dumps({"context": {"device": "elsewhere"}, "entries": {"k": 1.0}}))
+    assert MeasuredLatency("cpu").entries == {}
+    first.path.write_text(json.dumps({"context": first.context, "entries": {"k": "nan", "j": -1, "i": 2}}))
+    assert MeasuredLatency("cpu").entries == {"i": 2.0}
+    from slimming.cli import main
+    assert main(["cache"]) == 0 and "1 latency table(s)" in capsys.readouterr().out
+    assert main(["cache", "--clear"]) == 0 and "removed 1 latency table(s)" in capsys.readouterr().out
+    assert latency.cache_info()[1] == 0
