@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import guarded, parser, positive_int
+from common import guarded, parser, positive_int, sparsity_shaped
 from torch import nn
 
 import slimming
@@ -55,20 +55,6 @@ def build(name: str) -> tuple[nn.Module, dict]:
 
     model = getattr(torchvision.models, name)(weights=None).eval()
     return model, {"ignore": ("fc",) if name == "resnet50" else ("classifier",)}
-
-
-def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.5) -> None:
-    """Every scaling factor as sparsity training leaves it: ``small`` of them near zero."""
-    from slimming.models.layers import is_factor_layer
-
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if is_factor_layer(m) and getattr(m, "weight", None) is not None:
-                n = m.weight.numel()
-                w = torch.rand(n, generator=g) * 0.9 + 0.1
-                w[torch.rand(n, generator=g) < small] *= 1e-3
-                m.weight.copy_(w.view_as(m.weight))
 
 
 def interleaved(a: nn.Module, b: nn.Module, x: torch.Tensor, repeats: int) -> dict:
@@ -161,7 +147,7 @@ def one(name: str, threads: int, batch: int, args) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model, keywords = build(name)
-    sparsity_shaped(model, args.seed)
+    sparsity_shaped(model, small=0.5, seed=args.seed)
     size = (3, args.size, args.size)
     x = torch.randn(batch, *size)
     flops0 = count_flops(model, size)
