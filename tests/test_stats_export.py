@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from slimming import checkpoint_dict, count_flops, models, prune, save_checkpoint
+from slimming import checkpoint_dict, count_flops, load_model, models, prune, save_checkpoint
 from slimming.cli import main
 from slimming.measure.stats import format_stats, latency_ms, model_stats, size_on_disk
 from slimming.tools.export import ExportError, export_model
@@ -62,6 +62,25 @@ def test_stats_cli_compare_and_json(ckpts, capsys):
                  "--cpu"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data[str(ckpts / "big.pth")]["flops"] == analytic_flops(CFG)
+
+
+def test_stats_layers_shows_each_layer_before_and_after(ckpts, capsys):
+    """--layers: each convolution and linear layer with its widths and its time alone, the
+    pruned network's beside it by name (what a latency budget's table is made of)."""
+    assert main(["stats", "--checkpoint", str(ckpts / "big.pth"), "--compare", str(ckpts / "small.pth"),
+                 "--repeats", "0", "--layers", "--json", "--cpu"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    big, small = data[str(ckpts / "big.pth")]["layers"], data[str(ckpts / "small.pth")]["layers"]
+    widths = [v for v in CFG if v != "M"]
+    assert [(r["in"], r["out"]) for r in big] == [*zip([3, *widths[:-1]], widths), (24, 10)]
+    assert [r["name"] for r in big] == [r["name"] for r in small] and all(r["ms"] > 0 for r in big + small)
+    pruned = load_model(ckpts / "small.pth")
+    assert small[0]["out"] == pruned.feature[0].out_channels < 8
+    assert main(["stats", "--checkpoint", str(ckpts / "big.pth"), "--compare", str(ckpts / "small.pth"),
+                 "--repeats", "0", "--layers", "--cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "3>8" in out  # the first conv: 3 channels in, 8 out, before the cut
+    assert out.count("x\n") >= len(big) and "sum" in out and "timed alone" in out
 
 
 @pytest.mark.parametrize("fmt,name", [("export", "m.pt2"), ("torchscript", "m.ts"), ("onnx", "m.onnx")])

@@ -17,7 +17,7 @@ from torch import nn
 from .. import models
 from ..errors import DataError, SlimmingError, clip, first_line, listed
 from ..io.checkpoint import save_checkpoint
-from ..measure.latency import CACHE_ENV, cache_info, clear_cache
+from ..measure.latency import CACHE_ENV, cache_info, clear_cache, layer_latencies
 from ..measure.stats import (
     channels_last_note,
     count_params,
@@ -285,6 +285,11 @@ def cmd_stats(args) -> None:
         models.check_input_size(model, size)
     announce_device(args, device)
     results = [model_stats(model.to(device).eval(), size, repeats=args.repeats) for model in loaded]
+    if args.layers:
+        x = torch.zeros(1, *size, device=device)
+        for model, r in zip(loaded, results):
+            r["layers"] = [{"name": n, "in": i, "out": o, "ms": ms}
+                           for n, i, o, ms in layer_latencies(model, (x,))]
     if args.json:
         print(json.dumps({str(p): r for p, r in zip(paths, results)}, indent=1))
         return
@@ -292,10 +297,33 @@ def cmd_stats(args) -> None:
     print(f"on {device}; FLOPs count a multiply-add as two (torch.utils.flop_counter); latency: "
           f"median of {args.repeats} runs under torch.inference_mode")
     print(format_stats(results[0], results[1] if args.compare else None, ("checkpoint", "compare")))
+    if args.layers:
+        print(layer_table(results))
     for path, r in zip(paths, results):
         note = channels_last_note(r)
         if note:
             print(f"{path}: {note}")
+
+
+def layer_table(results: list[dict]) -> str:
+    """Each layer's widths and latency alone (batch 1); with a second network, its beside it
+    (matched by name) and the ratio."""
+    other = {row["name"]: row for row in results[1]["layers"]} if len(results) > 1 else None
+    width = max([len(row["name"]) for row in results[0]["layers"]] + [5])
+    head = f"{'layer':<{width}}  {'widths':>11}  {'ms':>8}"
+    lines = [head + (f"  {'compare':>11}  {'ms':>8}  ratio" if other is not None else "")]
+    for row in results[0]["layers"]:
+        line = f"{row['name']:<{width}}  {row['in']:>5}>{row['out']:<5}  {row['ms']:>8.3f}"
+        if other is not None and row["name"] in other:
+            b = other[row["name"]]
+            line += f"  {b['in']:>5}>{b['out']:<5}  {b['ms']:>8.3f}  {b['ms'] / max(row['ms'], 1e-9):.2f}x"
+        lines.append(line)
+    total = [sum(row["ms"] for row in r["layers"]) for r in results]
+    lines.append(f"{'sum':<{width}}  {'':>11}  {total[0]:>8.3f}" + (
+        f"  {'':>11}  {total[1]:>8.3f}  {total[1] / max(total[0], 1e-9):.2f}x" if other is not None else ""))
+    lines.append("(each layer timed alone on the input it sees, median of 5; the sum leaves out "
+                 "what runs between layers)")
+    return "\n".join(lines)
 
 
 def cmd_sweep(args) -> None:

@@ -387,6 +387,8 @@ def add_stats_command(sub) -> None:
                    help="the input of one image (default: the size the model was trained at, "
                    "else 3,32,32)")
     add_repeats_flag(p)
+    p.add_argument("--layers", action="store_true", help="also each convolution's and linear layer's "
+                   "latency, timed alone at its widths (batch 1; with --compare, side by side)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_device_flags(p)
     p.set_defaults(func="commands.cmd_stats")

@@ -281,3 +281,18 @@ class MeasuredLatency:
         return {"entries": len(self.entries), "measured": self.measured, "seconds": round(self.seconds, 3),
                 "path": str(self.path) if self.cache else None, "bytes": size,
                 "size": human_bytes(size), **self.context}
+
+
+def layer_latencies(model: nn.Module, inputs: tuple, cost: LatencyModel | None = None) -> list[tuple]:
+    """(name, in channels, out channels, ms) of every convolution and linear layer of ``model``
+    on ``inputs``, each timed alone at its widths on the model's device (``cost``: the table,
+    ``MeasuredLatency`` in memory by default): where the time goes, layer by layer."""
+    device = next(model.parameters()).device
+    cost = cost if cost is not None else MeasuredLatency(device, cache=False)
+    was = model.training
+    model.eval()
+    try:
+        specs = layer_specs(model, inputs)
+    finally:
+        model.train(was)
+    return [(name, s.full_in, s.full_out, cost.layer(s, s.full_in, s.full_out)) for name, s in specs.items()]
