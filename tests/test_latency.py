@@ -15,7 +15,7 @@ import slimming
 from slimming.errors import SlimmingError
 from slimming.measure import latency
 from slimming.measure.latency import MeasuredLatency, layer_specs
-from slimming.pruning.speed import parse_latency
+from slimming.pruning.speed import TOLERANCE, parse_latency
 from slimming.tools.sweep import sweep
 from slimming.utils.modules import modes_kept
 
@@ -82,13 +82,17 @@ def test_a_latency_budget_lands_on_the_fraction_asked(seed, asked, one_thread):
     assert b["what"] == "latency" and b["kind"] == "fraction" and b["asked"] == asked
     achieved = cost(result.model, x) / cost(model, x)
     assert b["fraction"] == pytest.approx(achieved)
+    # this device is what the table models (a layer costs the product of its two stepped
+    # widths; the network, the sum of its layers): the estimate of the network cut is exact
+    assert b["rounds"][0]["estimated_ms"] == pytest.approx(b["rounds"][0]["achieved_ms"], rel=1e-9)
     # the estimate is exact for this device: the cut lands at or just under the budget, within
-    # one step of the cut (a step of a residual stream at 0.3 is 5% of the network)
-    assert achieved <= asked * 1.03 and achieved >= asked - 0.05, (achieved, b["rounds"])
-    assert b["met"] == (abs(achieved - asked) <= 0.03 * asked) and b["spread"] == 0
-    assert b["met"] or asked == 0.3  # 0.5 and 0.7 land within 3%
-    assert len(b["rounds"]) == 1 or not all(r["fraction"] <= asked * 1.03 for r in b["rounds"][:1]) \
-        or not b["met"]  # an exact estimate that lands needs no second round
+    # one step of the cut (a step of a residual stream at 0.3 is 5% of the network); met where
+    # within the tolerance
+    assert achieved <= asked * (1 + TOLERANCE) and achieved >= asked - 0.05, (achieved, b["rounds"])
+    assert b["met"] == (abs(achieved - asked) <= TOLERANCE * asked) and b["spread"] == 0
+    assert b["met"] or asked == 0.3  # 0.5 and 0.7 land within the tolerance
+    if abs(b["rounds"][0]["fraction"] - asked) <= TOLERANCE * asked:
+        assert len(b["rounds"]) == 1  # a first cut that lands needs no second
     assert result.verified is not None and result.verified < 1e-3  # checked: exact
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # untouched
     out = result.model(x)
@@ -103,7 +107,7 @@ def test_an_absolute_budget_in_milliseconds(one_thread):
     result = slimming.prune(model, target_latency=f"{0.6 * full:.6f}ms", example_inputs=x,
                             latency_model=StepLatency())
     assert result.budget["kind"] == "ms" and result.budget["target"] == pytest.approx(0.6 * full, rel=1e-5)
-    assert cost(result.model, x) <= 0.6 * full * 1.03
+    assert cost(result.model, x) <= 0.6 * full * (1 + TOLERANCE)
     assert result.budget["batch"] == 2
 
 
@@ -144,7 +148,7 @@ def test_round_to_auto_keeps_widths_at_the_top_of_a_step(step, one_thread):
     # and a latency budget with round_to="auto" lands on step tops too
     timed = slimming.prune(model, target_latency=0.5, example_inputs=x, round_to="auto", latency_model=device)
     assert all(int(m.sum()) % step == 0 or bool(m.all()) for m in timed.cfg_mask)
-    assert timed.budget["fraction"] <= 0.5 * 1.03
+    assert timed.budget["fraction"] <= 0.5 * (1 + TOLERANCE)
 
 
 def test_the_family_and_depthwise_paths_take_a_latency_budget(one_thread):
@@ -152,14 +156,16 @@ def test_the_family_and_depthwise_paths_take_a_latency_budget(one_thread):
     vgg = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, 64, "M", 64, 64, "M", 64])
     sparsity_shaped(vgg, 5)
     r = slimming.prune(vgg, target_latency=0.5, latency_model=StepLatency())
-    assert isinstance(r.cfg, list) and r.budget["fraction"] <= 0.5 * 1.03
+    assert isinstance(r.cfg, list) and r.budget["fraction"] <= 0.5 * (1 + TOLERANCE)
     mobile = torchvision.models.mobilenet_v2(num_classes=10).eval()
     sparsity_shaped(mobile, 6)
     x = torch.randn(1, 3, 64, 64)
     r = slimming.prune(mobile, target_latency=0.6, example_inputs=x, latency_model=StepLatency(),
                        ignore=("classifier.1",))
-    assert r.budget["fraction"] <= 0.6 * 1.03 and r.verified is not None
+    assert r.budget["fraction"] <= 0.6 * (1 + TOLERANCE) and r.verified is not None
     assert r.budget["fraction"] == pytest.approx(cost(r.model, x) / cost(mobile, x))
+    first = r.budget["rounds"][0]  # depthwise layers, estimated exactly too
+    assert first["estimated_ms"] == pytest.approx(first["achieved_ms"], rel=1e-9)
 
 
 def test_the_measurement_corrects_the_estimate(one_thread):
@@ -176,7 +182,7 @@ def test_the_measurement_corrects_the_estimate(one_thread):
     x = torch.randn(1, 3, 64, 64)
     r = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Skewed(overhead=0.01))
     rounds = r.budget["rounds"]
-    assert r.budget["met"] and abs(r.budget["fraction"] - 0.5) <= 0.5 * 0.03, rounds
+    assert r.budget["met"] and abs(r.budget["fraction"] - 0.5) <= 0.5 * TOLERANCE, rounds
     assert all(set(k) >= {"estimated_ms", "achieved_ms", "fraction", "spread_ms"} for k in rounds)
 
 
@@ -225,7 +231,7 @@ def test_a_latency_sweep_reports_the_measured_latency(one_thread):
                  options={"latency_model": StepLatency()})
     assert rows[0]["reference"] and rows[0]["latency_kept"] == 1.0
     assert [r["target"] for r in rows[1:]] == [0.4, 0.7]
-    assert all(r["latency_kept"] <= r["target"] * 1.03 for r in rows[1:])
+    assert all(r["latency_kept"] <= r["target"] * (1 + TOLERANCE) for r in rows[1:])
     assert rows[1]["latency_ms"] < rows[2]["latency_ms"] < rows[0]["latency_ms"]
 
 

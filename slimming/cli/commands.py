@@ -199,7 +199,7 @@ def latency_lines(b: dict) -> str:
              f"+- {b['spread']:.2g} against its {b['original']:.3g} ms in the same run), in "
              f"{len(b['rounds'])} measured round(s)"]
     if not b["met"]:
-        lines.append("the measured latency missed the budget by more than its spread (and 3%) after "
+        lines.append("the measured latency missed the budget by more than 2% (and the median's error) after "
                      "correcting: the cut's steps are coarser than the budget's precision here")
     if t:
         kept = f", {t['size']} in {t['path']} (slimming cache --clear empties it)" if t.get("path") else ""

@@ -230,7 +230,7 @@ class MeasuredLatency:
     interleaved (``repeats`` samples each). ``measured``/``seconds``: the layer timings this
     object made and what they took; ``path``: its table's file."""
 
-    def __init__(self, device: torch.device | str = "cpu", repeats: int = 15, cache: bool = True):
+    def __init__(self, device: torch.device | str = "cpu", repeats: int = 25, cache: bool = True):
         self.device, self.repeats, self.cache = torch.device(device), repeats, cache
         self.context = device_context(self.device)
         digest = hashlib.sha256(json.dumps(self.context, sort_keys=True).encode()).hexdigest()[:16]

@@ -6,9 +6,9 @@ lookup table, ``slimming.measure.latency``, kept on disk), which gives each chan
 latency curve; then channels are taken away greedily, the group whose next step costs the
 least importance per millisecond saved first, until the table's estimate meets the budget.
 The network so cut is then timed end to end, interleaved with the original (medians, with
-the spread of their ratio); where it misses the budget by more than the spread, the estimate's
-goal is corrected by what the measurement showed and the cut made again (at most
-``ROUNDS`` times), and every round is reported.
+the spread of their ratio); where it misses the budget by more than 2% (or the median's own
+error, where that is larger), the estimate's goal is corrected by what the measurement showed
+and the cut made again (at most ``ROUNDS`` measurements), and every round is reported.
 
 ``step_widths`` (``round_to="auto"``) gives each group the widths at the top of a step of its
 latency staircase: the widest width of each cost, one channel more and some layer is slower.
@@ -38,8 +38,8 @@ from .budget import measured
 from .graph import GraphError
 from .select import SPARSE_BOUND
 
-ROUNDS = 4  # end-to-end measurements at most: the first cut and three corrections
-TOLERANCE = 0.03  # a round within max(the spread, 3% of the budget) is done
+ROUNDS = 5  # end-to-end measurements at most: the first cut and four corrections
+TOLERANCE = 0.02  # a round within 2% of the budget (or the median's own error, if larger) is done
 STEP = 0.01  # round_to="auto": a width is kept when it is at least 1% faster than every wider one
 _MS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s)?\s*$", re.IGNORECASE)
 
@@ -176,8 +176,8 @@ class Estimator:
 def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[_Layer]:
     """Which groups set which layer's widths, by cutting each group by half on its own (one
     build per group): a layer whose input (output) lost ``d`` channels when its group lost
-    ``c`` reads (makes) ``d / c`` per channel. Layers no group touches are left out (they are
-    part of the rest)."""
+    ``c`` reads (makes) ``d / c`` per channel. Layers no group touches (a head kept by
+    ``ignore``) stay in, at their one width: what they cost, the cut does not save."""
     ones = [torch.ones(len(s), dtype=torch.bool) for s in plan.scores]
     base = plan.build(ones, None, [])
     before = {name: _widths(base.model.get_submodule(name)) for name in specs}
@@ -195,7 +195,7 @@ def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[_Layer]:
                 layers[name].ins[g] = (i0 - i1) / cut
             if o1 != o0:
                 layers[name].outs[g] = (o0 - o1) / cut
-    return [layer for layer in layers.values() if layer.ins or layer.outs]
+    return list(layers.values())
 
 
 def _lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float) -> list[int]:
@@ -409,25 +409,29 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
         achieved_ms, spread_ms = median_spread(pruned)
         ratio, ratio_spread = median_spread(ratios)
         got, spread = (ratio, ratio_spread) if kind == "fraction" else (achieved_ms, spread_ms)
+        # how far the median itself may be off: 1.25 sigma / sqrt(n), sigma ~ 1.48 half-IQRs
+        error = 1.86 * spread / math.sqrt(len(ratios))
+        slack = max(error, TOLERANCE * asked)
         estimated = est.at_widths({n: _widths(result.model.get_submodule(n)) for n in
                                    (layer.name for layer in est.layers)})
         rounds.append({"estimated_ms": estimated, "goal_ms": estimate_goal, "achieved_ms": achieved_ms,
                        "original_ms": statistics.median(original),
-                       "spread_ms": spread_ms, "fraction": ratio, "fraction_spread": ratio_spread})
+                       "spread_ms": spread_ms, "fraction": ratio, "fraction_spread": ratio_spread,
+                       "error": error, "slack": slack})
         seen.append((w, estimate_goal, got))
-        if best is None or _better(got, best[1], asked, max(spread, TOLERANCE * asked)):
-            best = (result, got, spread, rounds[-1])
-        if abs(got - asked) <= max(spread, TOLERANCE * asked):
+        if best is None or _better(got, best[1], asked, slack):
+            best = (result, got, slack, rounds[-1])
+        if abs(got - asked) <= slack:
             break
         estimate_goal = min(_next_goal(seen, asked), est.total(list(sizes)) * 0.999)
     _save(cost)
-    result, got, spread, chosen = best
+    result, got, slack, chosen = best
     result.budget = {"what": "latency", "kind": kind, "asked": asked, "target": goal_ms,
                      "achieved": chosen["achieved_ms"], "spread": chosen["spread_ms"],
                      "original": chosen["original_ms"],
                      "fraction": chosen["fraction"], "fraction_spread": chosen["fraction_spread"],
                      "full": full_ms, "full_spread": full_spread,
-                     "met": abs(got - asked) <= max(spread, TOLERANCE * asked),
+                     "error": chosen["error"], "met": abs(got - asked) <= slack,
                      "rounds": rounds, "table": cost.describe() if hasattr(cost, "describe") else {},
                      "batch": int(inputs[0].shape[0]) if isinstance(inputs[0], torch.Tensor) else None}
     return result
