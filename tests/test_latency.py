@@ -85,12 +85,10 @@ def test_a_latency_budget_lands_on_the_fraction_asked(seed, asked, one_thread):
     # this device is what the table models (a layer costs the product of its two stepped
     # widths; the network, the sum of its layers): the estimate of the network cut is exact
     assert b["rounds"][0]["estimated_ms"] == pytest.approx(b["rounds"][0]["achieved_ms"], rel=1e-9)
-    # the estimate is exact for this device: the cut lands at or just under the budget, within
-    # one step of the cut (a step of a residual stream at 0.3 is 5% of the network); met where
-    # within the tolerance
-    assert achieved <= asked * (1 + TOLERANCE) and achieved >= asked - 0.05, (achieved, b["rounds"])
-    assert b["met"] == (abs(achieved - asked) <= TOLERANCE * asked) and b["spread"] == 0
-    assert b["met"] or asked == 0.3  # 0.5 and 0.7 land within the tolerance
+    # the estimate is exact for this device: the cut lands within the tolerance, though a step
+    # of a residual stream at 0.3 is 5% of the network (the greedy's last big step is retried)
+    assert abs(achieved - asked) <= TOLERANCE * asked, (achieved, b["rounds"])
+    assert b["met"] and b["spread"] == 0
     if abs(b["rounds"][0]["fraction"] - asked) <= TOLERANCE * asked:
         assert len(b["rounds"]) == 1  # a first cut that lands needs no second
     assert result.verified is not None and result.verified < 1e-3  # checked: exact

@@ -100,6 +100,13 @@ class LayerSpec:
     def depthwise(self) -> bool:
         return self.groups == 0
 
+    @property
+    def positions(self) -> int:
+        """Output positions per channel (batch x output pixels, or the linear's leading dims)."""
+        if self.kind == "Linear":
+            return math.prod(self.shape[:-1])
+        return self.shape[0] * math.prod(-(-s // t) for s, t in zip(self.shape[2:], self.stride))
+
     def key(self, in_ch: int, out_ch: int) -> str:
         return json.dumps([self.kind, self.shape, in_ch, out_ch, self.kernel, self.stride, self.padding,
                            self.dilation, self.groups, self.bias, self.dtype, self.channels_last])
