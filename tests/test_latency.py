@@ -257,3 +257,26 @@ def test_the_table_is_cached_per_device_and_can_be_cleared(tmp_path, monkeypatch
     assert main(["cache"]) == 0 and "1 latency table(s)" in capsys.readouterr().out
     assert main(["cache", "--clear"]) == 0 and "removed 1 latency table(s)" in capsys.readouterr().out
     assert latency.cache_info()[1] == 0
+
+
+def test_the_command_line_prunes_to_a_latency_and_the_file_loads_safely(tmp_path, capsys, one_thread):
+    """slimming prune --target-latency on a checkpoint: the pruned file holds the budget record
+    in plain values (the weights_only loader takes it) and rebuilds; the time is real here, so
+    only what does not depend on it is asserted."""
+    from slimming import checkpoint_dict, load_model, save_checkpoint
+    from slimming.cli import main
+    from slimming.io.checkpoint import load_checkpoint
+
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, "M", 64, "M", 64]).eval()
+    sparsity_shaped(model, 10)
+    save_checkpoint(checkpoint_dict(model), tmp_path / "sparse.pth")
+    code = main(["prune", "--checkpoint", str(tmp_path / "sparse.pth"), "--target-latency", "0.7",
+                 "--latency-batch", "4", "--save", str(tmp_path / "fast"), "--cpu", "--no-eval"])
+    out = capsys.readouterr().out
+    assert code == 0 and "latency budget 0.7 of" in out and "at batch 4" in out and "latency table:" in out
+    ckpt = load_checkpoint(tmp_path / "fast" / "pruned.pth")  # weights_only: plain values only
+    b = ckpt["budget"]
+    assert b["what"] == "latency" and b["asked"] == 0.7 and b["batch"] == 4 and b["rounds"]
+    assert isinstance(b["table"]["torch"], str) and type(b["table"]["torch"]) is str
+    small = load_model(tmp_path / "fast" / "pruned.pth")
+    assert sum(v for v in small.cfg if v != "M") < 16 + 32 + 64 * 3

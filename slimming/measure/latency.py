@@ -63,8 +63,9 @@ def device_context(device: torch.device) -> dict:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip()
-    return {"device": f"{device.type}: {name}", "torch": torch.__version__,
+        name = " ".join(filter(None, (platform.machine(), platform.processor(), f"{os.cpu_count()} cores")))
+    return {"device": f"{device.type}: {name}", "torch": str(torch.__version__),  # a plain str: it goes
+            # into checkpoints, whose loader takes plain values only (TorchVersion is a class)
             "threads": torch.get_num_threads()}
 
 
