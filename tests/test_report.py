@@ -316,6 +316,29 @@ def test_checkpoint_fields_that_are_not_numbers_read_as_not_recorded(fresh_run):
     assert "| pruned | not measured |" in (fresh_run / "report.md").read_text()
 
 
+LATENCY = {"what": "latency", "kind": "fraction", "asked": 0.5, "target": 1.2, "achieved": 1.19,
+           "fraction": 0.49, "fraction_spread": 0.02, "original": 2.43, "full": 2.4, "batch": 8}
+
+
+@pytest.mark.parametrize("budget, shown", [
+    (LATENCY, True),
+    ({**LATENCY, "asked": "0.5"}, False),  # a string where a number belongs: not recorded
+    ({**LATENCY, "kind": "soon"}, False),
+    ({"what": "flops", "target": 1e6, "achieved": 9e5, "full": 2e6}, False),
+])
+def test_a_latency_budget_is_reported_as_asked_and_measured(fresh_run, budget, shown):
+    path = fresh_run / "pruned" / "pruned.pth"
+    ckpt = load_checkpoint(path)
+    ckpt.pop("checksum", None)
+    ckpt["budget"] = budget
+    save_checkpoint(ckpt, path)
+    write_report(build_report(fresh_run, latency_repeats=0), fresh_run)
+    md = (fresh_run / "report.md").read_text()
+    line = ("Latency budget asked at the cut: 1.2 ms (0.5 of the original, batch 8); measured then: "
+            "0.490 +- 0.020 of the original (1.19 ms against its 2.43 ms, interleaved).")
+    assert (line in md) == shown and ("Latency budget" in md) == shown
+
+
 def test_report_of_missing_folder(tmp_path):
     with pytest.raises(SlimmingError, match="no such run folder"):
         build_report(tmp_path / "nope")

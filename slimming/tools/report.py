@@ -228,7 +228,7 @@ def _latency_budget(budget) -> dict | None:
     prints (numbers where numbers belong); None for anything else."""
     if not isinstance(budget, dict) or budget.get("what") != "latency":
         return None
-    numbers = ("target", "asked", "achieved", "spread", "fraction", "full")
+    numbers = ("target", "asked", "achieved", "fraction", "fraction_spread", "original", "full")
     if budget.get("kind") not in ("fraction", "ms") or any(_number(budget.get(k)) is None for k in numbers):
         return None
     batch = budget.get("batch")
@@ -284,8 +284,8 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
     if b.get("what") == "latency":
         md += ["", f"Latency budget asked at the cut: {b['target']:.3g} ms ({b['asked']:g}"
                f"{' of the original' if b['kind'] == 'fraction' else ' ms'}, batch {b.get('batch')}); "
-               f"measured then: {b['achieved']:.3g} ms +- {b['spread']:.2g}, "
-               f"{b['fraction']:.3f} of the original's {b['full']:.3g} ms."]
+               f"measured then: {b['fraction']:.3f} +- {b['fraction_spread']:.3f} of the original "
+               f"({b['achieved']:.3g} ms against its {b['original']:.3g} ms, interleaved)."]
     if report["layers"]:
         thr = report["threshold"]
         md += ["", f"Pruned {report['percent'] if report['percent'] is not None else '-'} of "
