@@ -65,7 +65,7 @@ def bisect(make, model: nn.Module, x: torch.Tensor, goal: float, lo: float, hi: 
     return best
 
 
-def torch_pruning(model: nn.Module, v: float, how: str, ignore, batch) -> nn.Module:
+def peer_cut(model: nn.Module, v: float, how: str, ignore, batch) -> nn.Module:
     import torch_pruning as tp
 
     m = copy.deepcopy(model).eval()
@@ -124,7 +124,7 @@ def one(net: str, seed: int, args) -> dict:
             pass
         else:
             for how in ("magnitude", "taylor"):
-                got = bisect(lambda v, how=how: torch_pruning(model, v, how, (classifier,), batch), model, x,
+                got = bisect(lambda v, how=how: peer_cut(model, v, how, (classifier,), batch), model, x,
                              goal, 0.0, 0.95)
                 cuts[f"tp_{how}"] = (got[0], got[1])
     flops0 = count_flops(model, (3, 32, 32))
