@@ -36,7 +36,7 @@ from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_sp
 from ..utils.modules import modes_kept
 from .budget import measured
 from .graph import GraphError
-from .select import SPARSE_BOUND
+from .select import SPARSE_BOUND, select
 
 ROUNDS = 5  # end-to-end measurements at most: the first cut and four corrections
 TOLERANCE = 0.02  # a round within 2% of the budget (or the median's own error, if larger) is done
@@ -402,12 +402,11 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
                             f"{full_ms:.3g} ms: nothing to cut", param="target_latency")
     lows = _lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
     allowed = allowed_widths(est, limits["round_to"], lows)
-    rounds, best, estimate_goal, seen = [], None, goal_ms, []
-    for _ in range(ROUNDS):
-        w, reached = greedy(est, plan.scores, allowed, estimate_goal)  # not reached: the smallest, timed
-        if any(w == other for other, *_ in seen):
-            break  # the goal moved less than one step of the cut: no closer network to time
-        masks, threshold = _masks(plan.scores, w)
+    rounds: list[dict] = []
+
+    def trial(masks, threshold, goal: float | None):
+        """Cut, time against the original, record the round: (result, got, slack, the round),
+        the last three None where the cut does not run (``checked``: for the check to refuse)."""
         result = plan.build(masks, threshold, [])
         try:  # as prune returns it (budget.measured): a cut that does not run is the check's to refuse
             with modes_kept(model), modes_kept(result.model):
@@ -417,34 +416,42 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
                 raise
             result.budget = {"what": "latency", "kind": kind, "asked": asked, "target": goal_ms,
                              "achieved": None}
-            return result
+            return result, None, None, None
         ratios = [p / o for p, o in zip(pruned, original)]
-        if not reached and min(ratios if kind == "fraction" else pruned) > asked:
-            raise SlimmingError(f"a latency of {target_latency} cannot be met: the smallest network "
-                                "min_channels, max_layer_prune and round_to allow runs in "
-                                f"{statistics.median(pruned):.3g} ms, {statistics.median(ratios):.3f} of the "
-                                f"original's {statistics.median(original):.3g} ms (measured, interleaved)",
-                                param=("target_latency", "min_channels", "max_layer_prune", "round_to"))
         achieved_ms, spread_ms = median_spread(pruned)
         ratio, ratio_spread = median_spread(ratios)
         got, spread = (ratio, ratio_spread) if kind == "fraction" else (achieved_ms, spread_ms)
         # how far the median itself may be off: 1.25 sigma / sqrt(n), sigma ~ 1.48 half-IQRs
         error = 1.86 * spread / math.sqrt(len(ratios))
-        slack = max(error, TOLERANCE * asked)
         estimated = est.at_widths({n: _widths(result.model.get_submodule(n)) for n in
                                    (layer.name for layer in est.layers)})
-        rounds.append({"estimated_ms": estimated, "goal_ms": estimate_goal, "achieved_ms": achieved_ms,
-                       "original_ms": statistics.median(original),
-                       "spread_ms": spread_ms, "fraction": ratio, "fraction_spread": ratio_spread,
-                       "error": error, "slack": slack})
-        seen.append((w, estimate_goal, got))
-        if best is None or _better(got, best[1], asked, slack):
-            best = (result, got, slack, rounds[-1])
-        if abs(got - asked) <= slack:
+        rounds.append({"estimated_ms": estimated, "goal_ms": goal, "achieved_ms": achieved_ms,
+                       "original_ms": statistics.median(original), "spread_ms": spread_ms,
+                       "fraction": ratio, "fraction_spread": ratio_spread, "error": error,
+                       "slack": max(error, TOLERANCE * asked)})
+        return result, got, rounds[-1]["slack"], rounds[-1]
+
+    best, estimate_goal, seen = None, goal_ms, []
+    for i in range(ROUNDS):
+        w, reached = greedy(est, plan.scores, allowed, estimate_goal)
+        if not reached and i == 0:  # the table sees nothing more to save: measure instead
+            best = _by_measurement(plan, allowed, limits, kind, asked, trial)
+            break
+        if any(w == other for other, *_ in seen):
+            break  # the goal moved less than one step of the cut: no closer network to time
+        tried = trial(*_masks(plan.scores, w), estimate_goal)
+        if tried[1] is None:
+            return tried[0]
+        seen.append((w, estimate_goal, tried[1]))
+        if best is None or _better(tried[1], best[1], asked, tried[2]):
+            best = tried
+        if abs(tried[1] - asked) <= tried[2]:
             break
         estimate_goal = min(_next_goal(seen, asked), est.total(list(sizes)) * 0.999)
     _save(cost)
     result, got, slack, chosen = best
+    if chosen is None:  # a cut that does not run, returned for the check to refuse
+        return result
     result.budget = {"what": "latency", "kind": kind, "asked": asked, "target": goal_ms,
                      "achieved": chosen["achieved_ms"], "spread": chosen["spread_ms"],
                      "original": chosen["original_ms"],
@@ -454,3 +461,37 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
                      "rounds": rounds, "table": cost.describe() if hasattr(cost, "describe") else {},
                      "batch": int(inputs[0].shape[0]) if isinstance(inputs[0], torch.Tensor) else None}
     return result
+
+
+def _by_measurement(plan, allowed, limits: dict, kind: str, asked: float, trial):
+    """Where the table sees no cut that reaches the budget (layers that cost their launch more
+    than their width: a small network on several threads), NetAdapt's way: the global ranking's
+    share of channels cut, bisected on end-to-end measurements alone, the smallest network the
+    limits allow first (SlimmingError where even it is too slow). ``trial``'s 4-tuple."""
+    total = sum(len(s) for s in plan.scores)
+    shape = {"min_channels": limits["min_channels"], "max_layer_prune": limits["max_layer_prune"],
+             "round_to": allowed if limits["round_to"] == "auto" else limits["round_to"]}
+
+    def at(p: float):
+        masks, threshold, _ = select(plan.scores, p, None, **shape)
+        return trial(masks, threshold, None)
+
+    lo, hi = 0.0, (total - 1) / total
+    best = at(hi)
+    if best[1] is not None and best[1] > asked + best[2]:
+        unit = " of the original's latency" if kind == "fraction" else " ms"
+        raise SlimmingError(f"a latency of {asked:g}{unit} cannot be met: the smallest network "
+                            f"min_channels, max_layer_prune and round_to allow runs at {best[1]:.3g}{unit}, "
+                            "measured (interleaved with the original)",
+                            param=("target_latency", "min_channels", "max_layer_prune", "round_to"))
+    for _ in range(ROUNDS - 1):
+        if best[1] is None or abs(best[1] - asked) <= best[2]:
+            break
+        mid = (lo + hi) / 2
+        tried = at(mid)
+        if tried[1] is None:
+            return tried
+        if _better(tried[1], best[1], asked, tried[2]):
+            best = tried
+        lo, hi = (mid, hi) if tried[1] > asked else (lo, mid)
+    return best
