@@ -10,6 +10,10 @@ the spread of their ratio); where it misses the budget by more than 2% (or the m
 error, where that is larger), the estimate's goal is corrected by what the measurement showed
 and the cut made again (at most ``ROUNDS`` measurements), and every round is reported.
 
+Where the table sees no cut that reaches the budget (layers that cost their launch more than
+their width), ``_by_measurement`` bisects the global ranking's share of channels cut on
+end-to-end measurements alone, as NetAdapt (ECCV 2018) adapts a network by measuring it.
+
 ``step_widths`` (``round_to="auto"``) gives each group the widths at the top of a step of its
 latency staircase: the widest width of each cost, one channel more and some layer is slower.
 
