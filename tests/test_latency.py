@@ -301,3 +301,25 @@ def test_the_command_line_prunes_to_a_latency_and_the_file_loads_safely(tmp_path
     assert isinstance(b["table"]["torch"], str) and type(b["table"]["torch"]) is str
     small = load_model(tmp_path / "fast" / "pruned.pth")
     assert sum(v for v in small.cfg if v != "M") < 16 + 32 + 64 * 3
+
+
+def test_sweep_takes_latency_budgets_from_the_command_line(tmp_path, capsys, one_thread):
+    """slimming sweep --target-latency 0.6,0.8: a row per budget with the latency measured,
+    the reference row's too, in the CSV, the JSON and the Markdown (timed for real: only what
+    does not depend on the figures is asserted)."""
+    from slimming import checkpoint_dict, save_checkpoint
+    from slimming.cli import main
+
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, "M", 64, "M", 64]).eval()
+    sparsity_shaped(model, 12)
+    save_checkpoint(checkpoint_dict(model), tmp_path / "sparse.pth")
+    code = main(["sweep", "--checkpoint", str(tmp_path / "sparse.pth"), "--target-latency", "0.6,0.8",
+                 "--latency-batch", "2", "--save", str(tmp_path / "sweep"), "--dataset", "synthetic",
+                 "--cpu", "--recalibrate-bn", "0", "--workers", "0"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.count("latency") >= 3
+    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert [r.get("target") for r in rows] == [None, 0.6, 0.8]
+    assert all(r["latency_ms"] > 0 and 0 < r["latency_kept"] <= 1 for r in rows)
+    assert "latency (measured)" in (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "latency_kept" in (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()[0]
