@@ -1,8 +1,9 @@
 """Pruning: which channels go together (``graph``: the channel graph, built by ``trace`` from one
 real forward, with what each torch op does to channels in ``ops``), which to cut
 (``importance``: the criteria; ``select``: one global threshold; ``budget``: a FLOPs or
-parameter target; ``speed``: a latency target measured on the device, and widths at the top of
-a latency step), and how to cut them (``surgery`` along the graph, or a family's own walk),
+parameter target; ``speed``: a latency target measured on the device, ranked by ``estimate``,
+a network's latency from a lookup table of its layers, which also finds the widths at the top
+of a latency step), and how to cut them (``surgery`` along the graph, or a family's own walk),
 then folding what the cut channels still gave into the next layers (``repair``) and checking
 the pruned network against the original with the cut channels zeroed (``verify``; what that
 means for a LayerNorm that loses channels: ``norms``). ``prune`` composes them into

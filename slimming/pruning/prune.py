@@ -31,7 +31,7 @@ from ..models.common import BN_STATE
 from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
 from ..utils.modules import keep_slices, modes_kept, unwrap
-from . import budget, repair, speed, surgery
+from . import budget, estimate, repair, speed, surgery
 from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
@@ -247,7 +247,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             else _family_plan(model, importance)
         cut_limits = dict(limits)  # round_to="auto": this plan's groups' step widths
         if round_to == "auto" and target_latency is None:
-            cut_limits["round_to"] = speed.step_widths(model, plan, as_inputs(example), latency_model, limits)
+            cut_limits["round_to"] = estimate.step_widths(model, plan, as_inputs(example), latency_model,
+                                                          limits)
         if target_latency is not None:
             result = speed.search(model, plan, as_inputs(example), target_latency, limits, latency_model,
                                   checked=verify)

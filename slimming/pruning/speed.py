@@ -14,14 +14,7 @@ Where the table sees no cut that reaches the budget (layers that cost their laun
 their width), ``_by_measurement`` bisects the global ranking's share of channels cut on
 end-to-end measurements alone, as NetAdapt (ECCV 2018) adapts a network by measuring it.
 
-``step_widths`` (``round_to="auto"``) gives each group the widths at the top of a step of its
-latency staircase: the widest width of each cost, one channel more and some layer is slower.
-
-The model of a layer's latency is separable (a layer timed at its full input width across its
-output widths, and the other way round), calibrated so that the full network's estimate is its
-measured latency; what no table entry covers (activations, normalisations, additions) is
-counted in proportion to each layer's output (its width times its output positions). It ranks
-moves; the end-to-end measurement judges them.
+The table's estimate (``estimate``) ranks the cuts; the end-to-end measurement judges them.
 """
 
 from __future__ import annotations
@@ -30,21 +23,20 @@ import heapq
 import math
 import re
 import statistics
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ..errors import SlimmingError, number
-from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs, median_spread
+from ..measure.latency import LatencyModel, median_spread
 from ..utils.modules import modes_kept
 from .budget import measured
+from .estimate import Estimator, allowed_widths, layer_widths, lower_bounds, save_table, setup
 from .graph import GraphError
 from .select import SPARSE_BOUND, select
 
 ROUNDS = 5  # end-to-end measurements at most: the first cut and four corrections
 TOLERANCE = 0.02  # a round within 2% of the budget (or the median's own error, if larger) is done
-STEP = 0.01  # round_to="auto": a width is kept when it is at least 1% faster than every wider one
 _MS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s)?\s*$", re.IGNORECASE)
 
 
@@ -70,170 +62,6 @@ def parse_latency(value) -> tuple[str, float]:
         raise SlimmingError(f"target_latency must be a fraction in (0, 1) or milliseconds, got {value:g}",
                             param="target_latency")
     return ("fraction", float(value)) if value < 1 else ("ms", float(value))
-
-
-def _widths(m: nn.Module) -> tuple[int, int]:
-    if isinstance(m, nn.Linear):
-        return m.in_features, m.out_features
-    return m.in_channels, m.out_channels
-
-
-@dataclass
-class _Layer:
-    """A timed layer, its widths as linear functions of the groups' cuts (``ins``/``outs``: group
-    index -> channels lost per channel the group loses), and its share of the untimed rest."""
-
-    name: str
-    spec: LayerSpec
-    ins: dict[int, float] = field(default_factory=dict)
-    outs: dict[int, float] = field(default_factory=dict)
-    rest: float = 0.0
-
-
-def grid(full: int) -> list[int]:
-    """The widths a layer of ``full`` channels is timed at: multiples of a step (8 channels,
-    or a power of two times 8: what vector units and kernels block by; at most 24 widths or
-    so), and ``full``; every width under 16 for a thin one."""
-    if full < 16:
-        return list(range(1, full + 1))
-    q = 8 * 2 ** max(0, math.ceil(math.log2(full / (8 * 24))))
-    return sorted({*range(q, full, q), full})
-
-
-def _up(points: list[int], w: float) -> int:
-    """The smallest of ``points`` at or above ``w`` (a width between two costs as the wider)."""
-    for p in points:
-        if p >= w - 1e-6:
-            return p
-    return points[-1]
-
-
-class Estimator:
-    """A network's latency from the table, as a function of its groups' widths (free channels
-    kept per group, ``full``: each group's count), calibrated on the original's measurement."""
-
-    def __init__(self, layers: list[_Layer], cost: LatencyModel, sizes: list[int], measured_ms: float):
-        self.layers, self.cost, self.sizes = layers, cost, sizes
-        self.by_group: dict[int, list[_Layer]] = {}
-        for layer in layers:
-            for g in {*layer.ins, *layer.outs}:
-                self.by_group.setdefault(g, []).append(layer)
-        self.full_ms = {layer.name: cost.layer(layer.spec, layer.spec.full_in, layer.spec.full_out)
-                        for layer in layers}
-        timed = sum(self.full_ms.values())
-        rest = max(measured_ms - timed, 0.0)  # normalisations, activations, additions: per element
-        outs = sum(layer.spec.full_out * layer.spec.positions for layer in layers) or 1
-        for layer in layers:
-            layer.rest = rest * layer.spec.full_out * layer.spec.positions / outs
-        self.scale = measured_ms / max(timed + rest, 1e-9)
-
-    def widths_of(self, layer: _Layer, w: list[int]) -> tuple[float, float]:
-        s = layer.spec
-        cut_in = sum(a * (self.sizes[g] - w[g]) for g, a in layer.ins.items())
-        cut_out = sum(a * (self.sizes[g] - w[g]) for g, a in layer.outs.items())
-        return max(s.full_in - cut_in, 1), max(s.full_out - cut_out, 1)
-
-    def layer_ms(self, layer: _Layer, width_in: float, width_out: float) -> float:
-        """One layer's estimate at these widths: the timed width at or above each."""
-        s, full = layer.spec, self.full_ms[layer.name]
-        if s.depthwise:
-            w = _up(grid(s.full_in), width_in)
-            t = self.cost.layer(s, w, max(1, round(w * s.full_out / s.full_in)))
-        else:
-            t_in = self.cost.layer(s, _up(grid(s.full_in), width_in), s.full_out)
-            t_out = self.cost.layer(s, s.full_in, _up(grid(s.full_out), width_out))
-            t = t_in * t_out / full if full > 0 else 0.0
-        return self.scale * (t + layer.rest * width_out / s.full_out)
-
-    def of_layers(self, layers, w: list[int]) -> float:
-        return sum(self.layer_ms(layer, *self.widths_of(layer, w)) for layer in layers)
-
-    def total(self, w: list[int]) -> float:
-        return self.of_layers(self.layers, w)
-
-    def at_widths(self, widths: dict[str, tuple[int, int]]) -> float:
-        """The estimate of a built network: each layer at its actual (in, out) widths."""
-        return sum(self.layer_ms(layer, *widths[layer.name]) for layer in self.layers if layer.name in widths)
-
-    def group_ms(self, g: int, w: list[int], width: int) -> float:
-        """What the layers of group ``g`` cost with it at ``width`` and the others as in ``w``."""
-        saved, w[g] = w[g], width
-        try:
-            return self.of_layers(self.by_group.get(g, ()), w)
-        finally:
-            w[g] = saved
-
-    def candidates(self, g: int) -> list[int]:
-        """The widths of group ``g`` at which some layer it feeds or makes reaches a timed width:
-        between two of them, the table sees no difference. Ascending, with the full count."""
-        n, found = self.sizes[g], {self.sizes[g]}
-        for layer in self.by_group.get(g, ()):
-            for a, full in ((layer.ins.get(g), layer.spec.full_in), (layer.outs.get(g), layer.spec.full_out)):
-                if a:
-                    for p in grid(full):
-                        w = math.floor(n - (full - p) / a + 1e-6)
-                        if 1 <= w < n:
-                            found.add(w)
-        return sorted(found)
-
-
-def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[_Layer]:
-    """Which groups set which layer's widths, by cutting each group by half on its own (one
-    build per group): a layer whose input (output) lost ``d`` channels when its group lost
-    ``c`` reads (makes) ``d / c`` per channel. Layers no group touches (a head kept by
-    ``ignore``) stay in, at their one width: what they cost, the cut does not save."""
-    ones = [torch.ones(len(s), dtype=torch.bool) for s in plan.scores]
-    base = plan.build(ones, None, [])
-    before = {name: _widths(base.model.get_submodule(name)) for name in specs}
-    layers = {name: _Layer(name, spec) for name, spec in specs.items()}
-    for g, s in enumerate(plan.scores):
-        cut = len(s) // 2
-        if cut == 0:
-            continue
-        masks = [m.clone() for m in ones]
-        masks[g][torch.argsort(s, stable=True)[:cut]] = False
-        new = plan.build(masks, None, []).model
-        for name, (i0, o0) in before.items():
-            i1, o1 = _widths(new.get_submodule(name))
-            if i1 != i0:
-                layers[name].ins[g] = (i0 - i1) / cut
-            if o1 != o0:
-                layers[name].outs[g] = (o0 - o1) / cut
-    return list(layers.values())
-
-
-def _lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float) -> list[int]:
-    return [max(min(min_channels, n), math.ceil((1 - max_layer_prune) * n - 1e-9)) for n in sizes]
-
-
-def allowed_widths(est: Estimator, round_to, lows: list[int]) -> list[list[int]]:
-    """Per group, the widths a latency-aimed cut may give it (ascending, the full count last):
-    the table's candidates at or above the group's lower bound, rounded up to ``round_to`` (an
-    int), or only those at a step's top (``"auto"``)."""
-    out = []
-    for g, n in enumerate(est.sizes):
-        widths = [w for w in est.candidates(g) if w >= lows[g]]
-        if lows[g] not in widths and lows[g] < n:
-            widths = sorted({lows[g], *widths})
-        if round_to == "auto":
-            widths = _step_tops(est, g, widths)
-        elif round_to > 1:
-            widths = sorted({min(n, -(-w // round_to) * round_to) for w in widths})
-        out.append(widths)
-    return out
-
-
-def _step_tops(est: Estimator, g: int, widths: list[int]) -> list[int]:
-    """Of ``widths`` (ascending), those at least ``STEP`` faster than every wider one kept: the
-    widest width of each step of the group's latency staircase."""
-    full = list(est.sizes)
-    kept, best = [widths[-1]], est.group_ms(g, full, widths[-1])
-    for w in reversed(widths[:-1]):
-        t = est.group_ms(g, full, w)
-        if t < best * (1 - STEP):
-            kept.append(w)
-            best = t
-    return sorted(kept)
 
 
 def greedy(est: Estimator, scores: list[torch.Tensor], allowed: list[list[int]],
@@ -340,36 +168,6 @@ def _masks(scores: list[torch.Tensor], w: list[int]) -> tuple[list[torch.Tensor]
     return masks, (removed.max().item() if len(removed) else None)
 
 
-def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, sizes: list[int]):
-    """The table's estimator of ``model`` and the original's latency (median, spread, samples)."""
-    device = next(model.parameters()).device
-    cost = cost if cost is not None else MeasuredLatency(device)
-    with modes_kept(model):
-        model.eval()
-        specs = layer_specs(model, inputs)
-        samples = cost.network([model], inputs)[0]
-    layers = probe(plan, model, specs)
-    median, spread = median_spread(samples)
-    return Estimator(layers, cost, sizes, median), cost, (median, spread)
-
-
-def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None,
-                limits: dict) -> list[list[int]]:
-    """``round_to="auto"``: per group, the widths at the top of a step of its measured latency
-    staircase (for ``select``: each group's kept count rounds up to the next of them)."""
-    sizes = [len(s) for s in plan.scores]
-    est, cost, _ = setup(model, plan, inputs, cost, sizes)
-    lows = _lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
-    widths = allowed_widths(est, "auto", [1] * len(sizes))
-    _save(cost)
-    return [[w for w in ws if w >= lo] or [ws[-1]] for ws, lo in zip(widths, lows)]
-
-
-def _save(cost) -> None:
-    if hasattr(cost, "save"):
-        cost.save()
-
-
 def _better(got: float, other: float, asked: float, slack: float) -> bool:
     """A budget is a ceiling: the closest at or under it (within the measurement's ``slack``)
     is best; over it, the least over."""
@@ -404,7 +202,7 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
     if goal_ms >= full_ms:
         raise SlimmingError(f"target_latency {target_latency} is at or above the unpruned model's measured "
                             f"{full_ms:.3g} ms: nothing to cut", param="target_latency")
-    lows = _lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
+    lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
     allowed = allowed_widths(est, limits["round_to"], lows)
     rounds: list[dict] = []
 
@@ -427,7 +225,7 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
         got, spread = (ratio, ratio_spread) if kind == "fraction" else (achieved_ms, spread_ms)
         # how far the median itself may be off: 1.25 sigma / sqrt(n), sigma ~ 1.48 half-IQRs
         error = 1.86 * spread / math.sqrt(len(ratios))
-        estimated = est.at_widths({n: _widths(result.model.get_submodule(n)) for n in
+        estimated = est.at_widths({n: layer_widths(result.model.get_submodule(n)) for n in
                                    (layer.name for layer in est.layers)})
         rounds.append({"estimated_ms": estimated, "goal_ms": goal, "achieved_ms": achieved_ms,
                        "original_ms": statistics.median(original), "spread_ms": spread_ms,
@@ -452,7 +250,7 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
         if abs(tried[1] - asked) <= tried[2]:
             break
         estimate_goal = min(_next_goal(seen, asked), est.total(list(sizes)) * 0.999)
-    _save(cost)
+    save_table(cost)
     result, got, slack, chosen = best
     if chosen is None:  # a cut that does not run, returned for the check to refuse
         return result

@@ -1,0 +1,221 @@
+"""A network's latency from a lookup table of its layers, as a function of its channel groups'
+widths: what a latency budget (``speed``) ranks its cuts by, and ``round_to="auto"``'s steps.
+
+Every convolution and linear layer is timed alone (``slimming.measure.latency``) at candidate
+widths (``grid``), across its output widths at its full input width and the other way round;
+which groups set which layer's widths comes from cutting each group on its own (``probe``).
+The model of a layer is separable, calibrated so that the full network's estimate is its
+measured latency; what no table entry covers (normalisations, activations, additions) is
+counted in proportion to each layer's output (its width times its output positions).
+
+``step_widths`` (``round_to="auto"``) gives each group the widths at the top of a step of its
+latency staircase: the widest width of each cost, one channel more and some layer is slower.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs, median_spread
+from ..utils.modules import modes_kept
+
+STEP = 0.01  # round_to="auto": a width is kept when it is at least 1% faster than every wider one
+
+
+def layer_widths(m: nn.Module) -> tuple[int, int]:
+    """(input, output) width of a convolution or linear layer."""
+    if isinstance(m, nn.Linear):
+        return m.in_features, m.out_features
+    return m.in_channels, m.out_channels
+
+
+@dataclass
+class TimedLayer:
+    """A timed layer, its widths as linear functions of the groups' cuts (``ins``/``outs``: group
+    index -> channels lost per channel the group loses), and its share of the untimed rest."""
+
+    name: str
+    spec: LayerSpec
+    ins: dict[int, float] = field(default_factory=dict)
+    outs: dict[int, float] = field(default_factory=dict)
+    rest: float = 0.0
+
+
+def grid(full: int) -> list[int]:
+    """The widths a layer of ``full`` channels is timed at: multiples of a step (8 channels,
+    or a power of two times 8: what vector units and kernels block by; at most 24 widths or
+    so), and ``full``; every width under 16 for a thin one."""
+    if full < 16:
+        return list(range(1, full + 1))
+    q = 8 * 2 ** max(0, math.ceil(math.log2(full / (8 * 24))))
+    return sorted({*range(q, full, q), full})
+
+
+def _up(points: list[int], w: float) -> int:
+    """The smallest of ``points`` at or above ``w`` (a width between two costs as the wider)."""
+    for p in points:
+        if p >= w - 1e-6:
+            return p
+    return points[-1]
+
+
+class Estimator:
+    """A network's latency from the table, as a function of its groups' widths (free channels
+    kept per group, ``full``: each group's count), calibrated on the original's measurement."""
+
+    def __init__(self, layers: list[TimedLayer], cost: LatencyModel, sizes: list[int], measured_ms: float):
+        self.layers, self.cost, self.sizes = layers, cost, sizes
+        self.by_group: dict[int, list[TimedLayer]] = {}
+        for layer in layers:
+            for g in {*layer.ins, *layer.outs}:
+                self.by_group.setdefault(g, []).append(layer)
+        self.full_ms = {layer.name: cost.layer(layer.spec, layer.spec.full_in, layer.spec.full_out)
+                        for layer in layers}
+        timed = sum(self.full_ms.values())
+        rest = max(measured_ms - timed, 0.0)  # normalisations, activations, additions: per element
+        outs = sum(layer.spec.full_out * layer.spec.positions for layer in layers) or 1
+        for layer in layers:
+            layer.rest = rest * layer.spec.full_out * layer.spec.positions / outs
+        self.scale = measured_ms / max(timed + rest, 1e-9)
+
+    def widths_of(self, layer: TimedLayer, w: list[int]) -> tuple[float, float]:
+        s = layer.spec
+        cut_in = sum(a * (self.sizes[g] - w[g]) for g, a in layer.ins.items())
+        cut_out = sum(a * (self.sizes[g] - w[g]) for g, a in layer.outs.items())
+        return max(s.full_in - cut_in, 1), max(s.full_out - cut_out, 1)
+
+    def layer_ms(self, layer: TimedLayer, width_in: float, width_out: float) -> float:
+        """One layer's estimate at these widths: the timed width at or above each."""
+        s, full = layer.spec, self.full_ms[layer.name]
+        if s.depthwise:
+            w = _up(grid(s.full_in), width_in)
+            t = self.cost.layer(s, w, max(1, round(w * s.full_out / s.full_in)))
+        else:
+            t_in = self.cost.layer(s, _up(grid(s.full_in), width_in), s.full_out)
+            t_out = self.cost.layer(s, s.full_in, _up(grid(s.full_out), width_out))
+            t = t_in * t_out / full if full > 0 else 0.0
+        return self.scale * (t + layer.rest * width_out / s.full_out)
+
+    def of_layers(self, layers, w: list[int]) -> float:
+        return sum(self.layer_ms(layer, *self.widths_of(layer, w)) for layer in layers)
+
+    def total(self, w: list[int]) -> float:
+        return self.of_layers(self.layers, w)
+
+    def at_widths(self, widths: dict[str, tuple[int, int]]) -> float:
+        """The estimate of a built network: each layer at its actual (in, out) widths."""
+        return sum(self.layer_ms(layer, *widths[layer.name]) for layer in self.layers if layer.name in widths)
+
+    def group_ms(self, g: int, w: list[int], width: int) -> float:
+        """What the layers of group ``g`` cost with it at ``width`` and the others as in ``w``."""
+        saved, w[g] = w[g], width
+        try:
+            return self.of_layers(self.by_group.get(g, ()), w)
+        finally:
+            w[g] = saved
+
+    def candidates(self, g: int) -> list[int]:
+        """The widths of group ``g`` at which some layer it feeds or makes reaches a timed width:
+        between two of them, the table sees no difference. Ascending, with the full count."""
+        n, found = self.sizes[g], {self.sizes[g]}
+        for layer in self.by_group.get(g, ()):
+            for a, full in ((layer.ins.get(g), layer.spec.full_in), (layer.outs.get(g), layer.spec.full_out)):
+                if a:
+                    for p in grid(full):
+                        w = math.floor(n - (full - p) / a + 1e-6)
+                        if 1 <= w < n:
+                            found.add(w)
+        return sorted(found)
+
+
+def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[TimedLayer]:
+    """Which groups set which layer's widths, by cutting each group by half on its own (one
+    build per group): a layer whose input (output) lost ``d`` channels when its group lost
+    ``c`` reads (makes) ``d / c`` per channel. Layers no group touches (a head kept by
+    ``ignore``) stay in, at their one width: what they cost, the cut does not save."""
+    ones = [torch.ones(len(s), dtype=torch.bool) for s in plan.scores]
+    base = plan.build(ones, None, [])
+    before = {name: layer_widths(base.model.get_submodule(name)) for name in specs}
+    layers = {name: TimedLayer(name, spec) for name, spec in specs.items()}
+    for g, s in enumerate(plan.scores):
+        cut = len(s) // 2
+        if cut == 0:
+            continue
+        masks = [m.clone() for m in ones]
+        masks[g][torch.argsort(s, stable=True)[:cut]] = False
+        new = plan.build(masks, None, []).model
+        for name, (i0, o0) in before.items():
+            i1, o1 = layer_widths(new.get_submodule(name))
+            if i1 != i0:
+                layers[name].ins[g] = (i0 - i1) / cut
+            if o1 != o0:
+                layers[name].outs[g] = (o0 - o1) / cut
+    return list(layers.values())
+
+
+def lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float) -> list[int]:
+    return [max(min(min_channels, n), math.ceil((1 - max_layer_prune) * n - 1e-9)) for n in sizes]
+
+
+def allowed_widths(est: Estimator, round_to, lows: list[int]) -> list[list[int]]:
+    """Per group, the widths a latency-aimed cut may give it (ascending, the full count last):
+    the table's candidates at or above the group's lower bound, rounded up to ``round_to`` (an
+    int), or only those at a step's top (``"auto"``)."""
+    out = []
+    for g, n in enumerate(est.sizes):
+        widths = [w for w in est.candidates(g) if w >= lows[g]]
+        if lows[g] not in widths and lows[g] < n:
+            widths = sorted({lows[g], *widths})
+        if round_to == "auto":
+            widths = _step_tops(est, g, widths)
+        elif round_to > 1:
+            widths = sorted({min(n, -(-w // round_to) * round_to) for w in widths})
+        out.append(widths)
+    return out
+
+
+def _step_tops(est: Estimator, g: int, widths: list[int]) -> list[int]:
+    """Of ``widths`` (ascending), those at least ``STEP`` faster than every wider one kept: the
+    widest width of each step of the group's latency staircase."""
+    full = list(est.sizes)
+    kept, best = [widths[-1]], est.group_ms(g, full, widths[-1])
+    for w in reversed(widths[:-1]):
+        t = est.group_ms(g, full, w)
+        if t < best * (1 - STEP):
+            kept.append(w)
+            best = t
+    return sorted(kept)
+
+
+def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, sizes: list[int]):
+    """The table's estimator of ``model`` and the original's latency (median, spread, samples)."""
+    device = next(model.parameters()).device
+    cost = cost if cost is not None else MeasuredLatency(device)
+    with modes_kept(model):
+        model.eval()
+        specs = layer_specs(model, inputs)
+        samples = cost.network([model], inputs)[0]
+    layers = probe(plan, model, specs)
+    median, spread = median_spread(samples)
+    return Estimator(layers, cost, sizes, median), cost, (median, spread)
+
+
+def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None,
+                limits: dict) -> list[list[int]]:
+    """``round_to="auto"``: per group, the widths at the top of a step of its measured latency
+    staircase (for ``select``: each group's kept count rounds up to the next of them)."""
+    sizes = [len(s) for s in plan.scores]
+    est, cost, _ = setup(model, plan, inputs, cost, sizes)
+    lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
+    widths = allowed_widths(est, "auto", [1] * len(sizes))
+    save_table(cost)
+    return [[w for w in ws if w >= lo] or [ws[-1]] for ws, lo in zip(widths, lows)]
+
+
+def save_table(cost) -> None:
+    if hasattr(cost, "save"):
+        cost.save()
