@@ -158,6 +158,8 @@ def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[TimedLaye
 
 
 def lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float) -> list[int]:
+    """The fewest channels each group may keep: ``min_channels`` (all, if it has fewer) and
+    what ``max_layer_prune`` leaves, as ``select`` counts them."""
     return [max(min(min_channels, n), math.ceil((1 - max_layer_prune) * n - 1e-9)) for n in sizes]
 
 
@@ -192,7 +194,8 @@ def _step_tops(est: Estimator, g: int, widths: list[int]) -> list[int]:
 
 
 def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, sizes: list[int]):
-    """The table's estimator of ``model`` and the original's latency (median, spread, samples)."""
+    """(the table's estimator of ``model``, the latency model, the original's measured latency
+    as (median, spread) in ms)."""
     device = next(model.parameters()).device
     cost = cost if cost is not None else MeasuredLatency(device)
     with modes_kept(model):
@@ -217,5 +220,7 @@ def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None
 
 
 def save_table(cost) -> None:
+    """Write the table of a latency model that keeps one (``MeasuredLatency``); an injected
+    model keeps nothing."""
     if hasattr(cost, "save"):
         cost.save()
