@@ -40,10 +40,13 @@ class PrunedCheckpoint:
         """The pruned checkpoint (rebuilds as ``Net(cfg)``, records its masks and its source);
         ``fields``: more to record (``data``, ``args``)."""
         r, src = self.result, self.source
+        budget = dict(r.budget) or None
+        if budget and isinstance(budget.get("table"), dict):  # not where this machine keeps its cache
+            budget["table"] = {k: v for k, v in budget["table"].items() if k != "path"}
         return checkpoint_dict(r.model, cfg_mask=r.cfg_mask, layer_names=r.layer_names,
                                threshold=r.threshold,
                                percent=self.percent if self.percent is not None else self.removed(),
-                               budget=r.budget or None, compensation=r.compensation or None,
+                               budget=budget, compensation=r.compensation or None,
                                source_acc=src.get("acc"),
                                source={"path": self.path, "acc": src.get("acc"), "epoch": src.get("epoch")},
                                **fields)
