@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 
 class NamesParameters(Exception):
@@ -95,3 +96,31 @@ def number(value, param: str, *, integer: bool = False, low: float | None = None
         raise SlimmingError(f"{param} must be {'an integer' if integer else 'a number'}{where}, "
                             f"got {clip(repr(value))}", param=param)
     return value
+
+
+_TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s)?\s*$", re.IGNORECASE)
+
+
+def parse_latency(value) -> tuple[str, float]:
+    """A latency budget as ("fraction", f) for a number in (0, 1) (of the original's measured
+    latency) or ("ms", v) for milliseconds: a number >= 1 or a string with its unit ("12ms",
+    "0.012s", "12"). Here, not in ``slimming.pruning.speed``, so that the command line reads a
+    budget the way the library does without importing torch."""
+    if isinstance(value, str):
+        found = _TIME.match(value)
+        if not found:
+            raise SlimmingError(f"target_latency takes a fraction such as 0.5 or a time such as 12ms, "
+                                f"not {clip(repr(value))}", param="target_latency")
+        amount, unit = float(found[1]), (found[2] or "").lower()
+        if unit:
+            value = amount * (1000 if unit == "s" else 1)
+            if not 0 < value < math.inf:
+                raise SlimmingError(f"target_latency must be a positive time, got {found[0]!r}",
+                                    param="target_latency")
+            return "ms", value
+        value = amount
+    number(value, "target_latency")
+    if not (0 < value < math.inf):
+        raise SlimmingError(f"target_latency must be a fraction in (0, 1) or milliseconds, got {value:g}",
+                            param="target_latency")
+    return ("fraction", float(value)) if value < 1 else ("ms", float(value))

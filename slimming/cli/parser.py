@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..errors import SlimmingError, clip, first_line
+from ..errors import SlimmingError, clip, first_line, parse_latency
 from ..version import __version__
 
 CONFIG_MAX_BYTES = 64 * 1024
@@ -128,14 +128,12 @@ def parse_cfg(text: str) -> list:
 
 def latency(text: str) -> str:
     """A latency budget: a fraction in (0, 1) of the original's, or a time (12ms, 0.012s, or a
-    number >= 1, in milliseconds); given to the library as written."""
-    number = text.strip().lower().removesuffix("ms").removesuffix("s").strip()
+    number >= 1, in milliseconds), as ``parse_latency`` reads it; given to the library as written."""
     try:
-        value = float(number)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0 or not number[:1].isdigit() and number[:1] != ".":
-        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction such as 0.5 or a time such as 12ms")
+        parse_latency(text)
+    except SlimmingError:
+        raise argparse.ArgumentTypeError(f"{clip(text)!r}: give a fraction such as 0.5 or a time such as "
+                                         "12ms") from None
     return text.strip()
 
 

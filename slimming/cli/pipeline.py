@@ -21,12 +21,11 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import SlimmingError
+from ..errors import SlimmingError, parse_latency
 from ..io.checkpoint import load_checkpoint, load_model, model_from_checkpoint
 from ..measure.stats import count_flops, count_params, input_size_of
 from ..models.external import is_user_code
 from ..pruning.budget import parse_budget
-from ..pruning.speed import parse_latency
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
 from ..training.config import TrainConfig
 from ..training.distributed import DistInfo, broadcast_flag, distributed_session

@@ -11,7 +11,15 @@ import sys
 import warnings
 
 from .. import models
-from ..errors import NamesParameters, SlimmingError, TrainingError, clip, first_line, is_out_of_memory
+from ..errors import (
+    NamesParameters,
+    SlimmingError,
+    TrainingError,
+    clip,
+    first_line,
+    is_out_of_memory,
+    parse_latency,
+)
 from ..training import runs
 from ..utils import devices
 from ..utils.files import handle_signals, human_bytes
@@ -51,7 +59,7 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
         parser.error("--amp-dtype only applies with --amp; add --amp")
     latency = getattr(args, "target_latency", None)
     if args.command == "pipeline" and args.iterations > 1 and latency is not None \
-            and (latency.lower().endswith("s") or float(latency) >= 1):  # a time, not a fraction
+            and parse_latency(latency)[0] == "ms":
         parser.error("--iterations takes --target-latency as a fraction (each iteration cuts its share "
                      "of it), not a time")
     if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:

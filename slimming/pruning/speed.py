@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import heapq
 import math
-import re
 import statistics
 
 import torch
 from torch import nn
 
-from ..errors import SlimmingError, number
+from ..errors import SlimmingError, parse_latency
 from ..measure.latency import LatencyModel, median_spread
 from ..utils.modules import modes_kept
 from .budget import measured
@@ -37,31 +36,6 @@ from .select import SPARSE_BOUND, select
 
 ROUNDS = 5  # end-to-end measurements at most: the first cut and four corrections
 TOLERANCE = 0.02  # a round within 2% of the budget (or the median's own error, if larger) is done
-_MS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s)?\s*$", re.IGNORECASE)
-
-
-def parse_latency(value) -> tuple[str, float]:
-    """A latency budget as ("fraction", f) for a number in (0, 1) (of the original's measured
-    latency) or ("ms", v) for milliseconds: a number >= 1 or a string with its unit ("12ms",
-    "0.012s", "12")."""
-    if isinstance(value, str):
-        found = _MS.match(value)
-        if not found:
-            raise SlimmingError(f"target_latency takes a fraction such as 0.5 or a time such as 12ms, "
-                                f"not {value!r}", param="target_latency")
-        amount, unit = float(found[1]), (found[2] or "").lower()
-        if unit:
-            value = amount * (1000 if unit == "s" else 1)
-            if not 0 < value < math.inf:
-                raise SlimmingError(f"target_latency must be a positive time, got {found[0]!r}",
-                                    param="target_latency")
-            return "ms", value
-        value = amount
-    number(value, "target_latency")
-    if not (0 < value < math.inf):
-        raise SlimmingError(f"target_latency must be a fraction in (0, 1) or milliseconds, got {value:g}",
-                            param="target_latency")
-    return ("fraction", float(value)) if value < 1 else ("ms", float(value))
 
 
 def greedy(est: Estimator, scores: list[torch.Tensor], allowed: list[list[int]],
