@@ -146,3 +146,20 @@ def test_a_long_epoch_prints_progress_lines_into_a_log(monkeypatch, capsys):
     trainer.train_one_epoch(batches)
     lines = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("train: batch")]
     assert [x.split()[2] for x in lines] == ["1/3", "2/3", "3/3"] and all("loss" in x for x in lines)
+
+
+@pytest.mark.parametrize("accs", [[0.0, 0.0, 10.0, 5.0], [30.0, 20.0, 40.0], [0.0]])
+def test_best_pth_follows_the_best_epoch_and_exists_after_the_first(tmp_path, accs):
+    """best.pth holds the best epoch so far; a run whose first epochs score 0% still has one
+    (the one-epoch run on a small pack scored 0% and left nothing to prune or evaluate)."""
+    from slimming.training.saver import CheckpointSaver
+    model = models.build("vgg", cfg=TINY_VGG)
+    saver, best = CheckpointSaver(tmp_path), 0.0
+    for epoch, acc in enumerate(accs, 1):
+        is_best = acc > best
+        best = max(best, acc)
+        saver.save(model, {"epoch": epoch, "test_acc": acc}, {}, best_acc=best, is_best=is_best)
+        kept = torch.load(tmp_path / "best.pth", weights_only=True)
+        first_best = next(i for i, a in enumerate(accs[:epoch], 1) if a == max(accs[:epoch]))
+        assert kept["epoch"] == first_best and kept["acc"] == max(accs[:epoch])
+        assert torch.load(tmp_path / "last.pth", weights_only=True)["epoch"] == epoch

@@ -10,6 +10,7 @@ import torch
 from slimming.models import layers
 
 import slimming
+from slimming.pruning import speed
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -63,7 +64,8 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
         return
     if "target_latency" in code:  # a latency budget: measured, recorded, the original untouched
         b, model = namespace["result"].budget, namespace["model"]
-        assert b["what"] == "latency" and b["asked"] == 0.5 and 1 <= len(b["rounds"]) <= 4
+        assert b["what"] == "latency" and b["asked"] == 0.5
+        assert 1 <= len(b["rounds"]) <= speed.ROUNDS  # how many a noisy machine needs varies
         assert b["table"]["entries"] > 0 and b["full"] > 0 and 0 < b["fraction"] < 1
         assert namespace["result"].model.fc.out_features == 10
         assert namespace["result"].verified is not None

@@ -1,6 +1,7 @@
 """What a training run writes, apart from the loop that trains (as timm's ``CheckpointSaver``):
 one JSON line per epoch to ``metrics.jsonl``, ``last.pth`` every epoch and ``best.pth`` on a new
-best test accuracy, every file written atomically (``slimming.utils.files``)."""
+best test accuracy (and after the first epoch whatever its accuracy: a run that scored 0% still
+has a best.pth to prune or resume from), every file written atomically (``slimming.utils.files``)."""
 
 from __future__ import annotations
 
@@ -31,5 +32,5 @@ class CheckpointSaver:
         ckpt = checkpoint_dict(model, epoch=row["epoch"], acc=row["test_acc"], best_acc=best_acc,
                                **state, **self.extra)
         save_checkpoint(ckpt, self.folder / "last.pth")
-        if is_best:
+        if is_best or not (self.folder / "best.pth").exists():
             save_checkpoint(ckpt, self.folder / "best.pth")
