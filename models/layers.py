@@ -271,11 +271,42 @@ def factor_width(module: nn.Module) -> int:
     return shape[0] if shape else module.weight.numel()
 
 
-def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> str:
+class Registered(str):
+    """What ``register_layer`` returns: the kind's name (a ``str``), and the way back, as
+    torch's hook handles give it: ``remove()`` puts the tables as they were before this
+    registration (a rule it replaced comes back), and ``with register_layer(...):`` removes it
+    when the block ends. Removing twice does nothing."""
+
+    def __new__(cls, name: str, module_type: type, before: tuple):
+        self = super().__new__(cls, name)
+        self.module_type, self._before, self._removed = module_type, before, False
+        return self
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        rule, kind = self._before
+        for table, key, value in ((RULES, str(self), rule), (MODULE_RULES, self.module_type, kind)):
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+
+    def __enter__(self) -> Registered:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> Registered:
     """Follow modules of ``module_type`` (and its subclasses) whole, as one layer cut by
     ``rule``: the trace does not look inside them. Returns the kind's name (default: the class
-    name), under which the rule is in ``RULES``. Registering the same class again replaces its
-    rule (a notebook cell run twice)."""
+    name), under which the rule is in ``RULES``, as a ``Registered``: ``.remove()`` undoes the
+    registration, and ``with slimming.register_layer(T, rule):`` keeps it to the block (prune,
+    save and load a pruned network inside it; the rule is process-wide while it holds).
+    Registering the same class again replaces its rule (a notebook cell run twice)."""
     if not (isinstance(module_type, type) and issubclass(module_type, nn.Module)):
         raise SlimmingError(f"register_layer takes an nn.Module subclass, not {module_type!r}",
                             param="module_type")
@@ -286,9 +317,10 @@ def register_layer(module_type: type, rule: LayerRule, name: str | None = None) 
              and getattr(t, "__qualname__", t) != module_type.__qualname__]
     if (name in RULES and name not in MODULE_RULES.values()) or taken:
         raise SlimmingError(f"the layer kind {name!r} is taken; pass name=", param="name")
+    before = (RULES.get(name), MODULE_RULES.get(module_type))
     RULES[name] = rule
     MODULE_RULES[module_type] = name
-    return name
+    return Registered(name, module_type, before)
 
 
 def module_kind(module: nn.Module) -> str | None:

@@ -147,10 +147,8 @@ class Deform(nn.Module):
 def deform_rule():
     rule = slimming.LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0},
                               widths={"in_channels": "in", "out_channels": "out"})
-    name = slimming.register_layer(torchvision.ops.DeformConv2d, rule)
-    yield name
-    layers.RULES.pop(name)
-    layers.MODULE_RULES.pop(torchvision.ops.DeformConv2d)
+    with slimming.register_layer(torchvision.ops.DeformConv2d, rule) as name:
+        yield name
 
 
 def test_a_layer_of_your_own_is_followed_by_its_rule(deform_rule, tmp_path):
@@ -289,3 +287,30 @@ def test_the_check_sees_each_module_output_as_it_was_before_an_in_place_activati
     result = slimming.prune(model, percent=0.4, example_inputs=x, compensate=False)
     assert result.model[1].num_features < 16 and result.verified < 1e-5
     assert_exact(model, result, torch.randn(2, 3, 16, 16))
+
+
+def test_a_registration_is_undone_by_remove_or_at_the_end_of_a_with_block():
+    """register_layer changes a process-wide table: its answer (the kind's name, as before)
+    undoes it, a rule it replaced comes back, and a with block keeps it to the block."""
+    before = dict(layers.RULES), dict(layers.MODULE_RULES)
+    rule = slimming.LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0},
+                              widths={"in_channels": "in", "out_channels": "out"})
+    model = Deform().eval()
+    sparsity_shaped(model, 5)
+    x = torch.randn(1, 3, 16, 16)
+    with slimming.register_layer(torchvision.ops.DeformConv2d, rule) as name:
+        assert name == "DeformConv2d" and layers.RULES[name] is rule
+        small = slimming.prune(model, percent=0.5, example_inputs=x, compensate=False).model
+        assert small.dc.in_channels < 16
+    assert (dict(layers.RULES), dict(layers.MODULE_RULES)) == before
+    # unregistered, DeformConv2d is an op the trace does not know: what it reads is kept, here all
+    with pytest.raises(slimming.SlimmingError, match="deform_conv2d .an op it does not know"):
+        slimming.prune(model, percent=0.5, example_inputs=x, compensate=False)
+    first = slimming.register_layer(torchvision.ops.DeformConv2d, rule)
+    other = slimming.LayerRule(reads={"weight": 1}, makes={"weight": 0})
+    second = slimming.register_layer(torchvision.ops.DeformConv2d, other)
+    second.remove()
+    assert layers.RULES[first] is rule  # the rule it replaced is back
+    first.remove()
+    first.remove()  # twice: nothing more
+    assert (dict(layers.RULES), dict(layers.MODULE_RULES)) == before
