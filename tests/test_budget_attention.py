@@ -135,6 +135,24 @@ def test_a_budget_on_a_c2psa_detector_is_met_exactly(budget, attention, seed):
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+@pytest.mark.parametrize("budget", [{"target_flops": 0.6}, {"target_params": 0.6}])
+@pytest.mark.parametrize("attention", [Attention, YoloAttention])
+def test_an_unchecked_budget_runs_and_cuts_what_the_checked_one_cuts(budget, attention):
+    """verify=False: a candidate that does not run is not returned (it fell back as the checked
+    call does), and the cut is the checked call's."""
+    model = detector(attention, 0)
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results = [slimming.prune(model, ignore="head", example_inputs=x, compensate=False, verify=v,
+                                  **budget) for v in (True, False)]
+    checked, unchecked = results
+    assert unchecked.verified is None and unchecked.budget["achieved"] == checked.budget["achieved"]
+    assert all(torch.equal(checked.masks[k], unchecked.masks[k]) for k in checked.masks)
+    with torch.no_grad():
+        assert unchecked.model.eval()(torch.randn(2, 3, 64, 64)) is not None
+
+
 class _Candidate:
     """What ``measured`` reads of a PruneResult: the model and the integer widths set."""
 

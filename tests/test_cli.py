@@ -352,3 +352,24 @@ def test_prune_prints_what_percent_counts(sparse_run, tmp_path, capsys):
     line = next(x for x in out.splitlines() if x.startswith("ranked "))
     ranked = int(line.split()[1])
     assert code == 0 and f": {ranked // 2} cut (" in line and f"--percent 0.5 asked {ranked // 2})" in line
+
+
+@pytest.mark.parametrize(("flags", "verify", "cut_heads"), [
+    ((), True, True), (("--no-verify",), False, True), (("--no-cut-heads",), True, False)])
+def test_the_check_and_the_heads_are_two_flags(flags, verify, cut_heads, sparse_run, tmp_path, capsys,
+                                               monkeypatch):
+    """--no-verify only skips the comparison; what may be cut is --no-cut-heads, apart."""
+    from slimming.tools import prune_checkpoint
+
+    seen = {}
+
+    def spy(model, **options):
+        seen.update(options)
+        return slimming_prune(model, **options)
+
+    slimming_prune = prune_checkpoint.prune
+    monkeypatch.setattr(prune_checkpoint, "prune", spy)
+    code, _, err = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5",
+                       "--save", tmp_path, "--cpu", "--no-eval", *flags)
+    assert code == 0, err
+    assert seen["verify"] is verify and seen["cut_heads"] is cut_heads

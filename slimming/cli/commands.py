@@ -149,7 +149,7 @@ def shape_options(args) -> dict:
     """What every cut respects (``slimming.prune``'s keywords), from the flags."""
     return {"min_channels": args.min_channels, "round_to": args.round_to,
             "max_layer_prune": args.max_layer_prune, "compensate": args.compensate,
-            "verify": getattr(args, "verify", True),
+            "verify": getattr(args, "verify", True), "cut_heads": getattr(args, "cut_heads", True),
             "importance": get_importance(getattr(args, "importance", "bn-max"))}
 
 

@@ -279,7 +279,11 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
                    "folding it into the next layer")
     g.add_argument("--no-verify", dest="verify", action="store_false",
                    help="skip the check that the pruned network equals the original with the cut "
-                   "channels zeroed (two forwards on a random input)")
+                   "channels zeroed (two forwards on a random input); the pruned network is still "
+                   "run once")
+    g.add_argument("--no-cut-heads", dest="cut_heads", action="store_false",
+                   help="keep attention heads and splits by sizes a module holds whole (cut by "
+                   "default where the check passes)")
     g.add_argument("--recalibrate-bn", type=count, default=recalibrate, metavar="N",
                    help="after the cut, re-estimate every BatchNorm's statistics on N training "
                    "batches (needs the data; 0 = off)")

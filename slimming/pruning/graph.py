@@ -180,6 +180,9 @@ class ChannelGraph:
         self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
         self.kept: list[Kept] = []  # ops that kept the channels they read
         self.sized: list[str] = []  # modules where blocks (heads) or splits by attribute sizes were followed
+        # (module, size): a width its own forward split or blocked its channels by, followed; an
+        # integer attribute of that value is what the forward splits by, so it must follow the cut
+        self.split_sizes: list[tuple[str, int]] = []
         self.frames: dict[str, list[Map]] = {}  # module -> the maps its own forward's ops made
         self.borders: dict[str, list[Map]] = {}  # module -> the maps of its inputs and outputs
         self.sides: dict[tuple[str, str], list[Map]] = {}  # (module, "in" / "out") -> those maps

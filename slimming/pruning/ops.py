@@ -248,7 +248,7 @@ class ChannelOps:
         if any(prefix[k] == head and prefix[j + 1] == head * c for k in range(len(after))
                for j in range(k + 1, len(after))):
             what = "a reshape that splits the channels into blocks (attention heads), not followed with " \
-                "verify=False (the widths it reads may be fixed)"
+                "cut_heads=False"
         elif any(prefix[k] == head and n > c and n % c == 0 for k, n in enumerate(after)):
             what = "a reshape that interleaves the channels with a dimension after them (a channel shuffle)"
         self.opaque(op, f"{what}: {before} to {after}", [x], out)
@@ -265,6 +265,7 @@ class ChannelOps:
         where = self.where()
         self.g.sized.append(where)
         n = x.channels // count
+        self.g.split_sizes.append((where, n))
         cut = self.g.cut_into(x, [n] * count)
         pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
         # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already
@@ -417,6 +418,7 @@ class ChannelOps:
             # sizes the module keeps in attributes (an attention's key_dim, head_dim): the cut
             # sets them (``surgery.update_widths``); pieces of one size keep equal counts
             self.g.sized.append(self.where())
+            self.g.split_sizes += [(self.where(), n) for n in set(sizes)]
             for n in set(sizes):
                 same = [m.segs for m, k in zip(maps, sizes) if k == n]
                 if len(same) > 1:

@@ -36,7 +36,7 @@ from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
 from .trace import as_inputs, trace
-from .verify import check
+from .verify import check, runs
 
 
 def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -177,7 +177,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           surgery: str = "auto", target_flops: float | None = None,
           target_params: float | None = None, round_to: int | str = 1, max_layer_prune: float = 1.0,
           compensate: bool = True, keep_whole=(), verify: bool = True,
-          target_latency: float | str | None = None, latency_model=None) -> PruneResult:
+          target_latency: float | str | None = None, latency_model=None,
+          cut_heads: bool = True) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
     How many channels go, one of:
@@ -209,7 +210,13 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     head's class). ``verify`` (default) runs the pruned network and the original with the cut
     channels' gamma and beta zeroed on one random input of the example's shape, before any
     compensation, and raises GraphError naming the first module whose outputs differ (the
-    largest relative difference is in ``result.verified``). ``compensate`` (default) folds the
+    largest relative difference is in ``result.verified``); ``verify=False`` only runs the pruned
+    network once on such an input, and what fails there is handled as a failed check is (the
+    block kept whole, the prune made again), so the network it returns runs. ``cut_heads``
+    (default): attention heads (a view of the channels into heads) and splits by sizes a
+    module keeps in integer attributes (``split([self.key_dim, ...])``) are cut, those
+    attributes set; where the check (or, unchecked, the run) fails they are kept and the prune
+    made again, with one warning; False keeps them from the start. ``compensate`` (default) folds the
     constant output a cut channel still had (its activation of beta) into the layers that read
     it (``slimming.pruning.repair``); False gives the paper's network exactly. The original
     model is left untouched (every module's train/eval flag too); the new one is on the same
@@ -251,36 +258,39 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
                                                           limits)
         if target_latency is not None:
             result = speed.search(model, plan, as_inputs(example), target_latency, limits, latency_model,
-                                  checked=verify)
-        elif budgeted:
+                                  checked=True)
+        elif budgeted:  # a cut that does not run: the check's (or, unchecked, the run's) to refuse
             result = budget.search(model, plan, example, target_flops, target_params, cut_limits,
-                                   checked=verify)  # a cut that does not run: the check's to refuse
+                                   checked=True)
         else:
             masks, cut_at, guarded = select(plan.scores, percent, threshold, **cut_limits)
             result = plan.build(masks, cut_at, guarded)
-        if verify:
-            try:
+        try:
+            if verify:
                 result.verified = _checked(model, result, example)
-            except GraphError as e:
-                if plan.sized:
-                    warnings.warn(f"the channels of {listed(plan.sized)} are kept: cut, the network did "
-                                  f"not match ({first_line(e, 160)}); its forward reads widths the cut "
-                                  "cannot set", stacklevel=3)
-                    return attempt(False, kept)
-                block = _block_of(model, getattr(e, "module", None))
-                if not traced or block is None or block in kept or len(kept) >= 3:
-                    raise
-                warnings.warn(f"every {block.__name__} is kept whole: cut, the network did not match "
-                              f"({first_line(e, 160)})", stacklevel=3)
-                return attempt(follow_sizes, (*kept, block))
-        elif any(not sure for *_, sure in result.widths):  # unchecked: only the sure ones stay
-            _settle(result, lambda: None, keep=lambda change: change[4])
+            else:  # unchecked: only the sure widths stay, and the network must run
+                if any(not sure for *_, sure in result.widths):
+                    _settle(result, lambda: None, keep=lambda change: change[4])
+                runs(result, example)
+        except GraphError as e:
+            failed = "match" if verify else "run"
+            if plan.sized:
+                warnings.warn(f"the channels of {listed(plan.sized)} are kept: cut, the network did "
+                              f"not {failed} ({first_line(e, 160)}); its forward reads widths the cut "
+                              "cannot set", stacklevel=3)
+                return attempt(False, kept)
+            block = _block_of(model, getattr(e, "module", None))
+            if not traced or block is None or block in kept or len(kept) >= 3:
+                raise
+            warnings.warn(f"every {block.__name__} is kept whole: cut, the network did not {failed} "
+                          f"({first_line(e, 160)})", stacklevel=3)
+            return attempt(follow_sizes, (*kept, block))
         return result
 
     with modes_kept(model):
-        # attention heads and splits by sizes held in attributes are followed where the check
-        # can vouch for the widths the cut sets; without it (or where it fails) they are kept
-        result = attempt(traced and verify)
+        # attention heads and splits by sizes held in attributes are followed unless cut_heads
+        # is False; where the check (or the unchecked run) fails they are kept
+        result = attempt(traced and cut_heads)
         if traced and models.family(getattr(model, "arch", None)) is not None:
             _as_family(model, result)
         for note in (little_sparsity(model, result), nearly_emptied(result)):

@@ -124,8 +124,10 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     of its inputs and outputs, else of its children's), and all of those were cut alike. Those
     it cannot tell are named in one warning. Returns what it set: (module, attribute, old
     value, new value, sure): ``sure`` where the value is the ``groups`` of a depthwise
-    convolution the module's forward called on those channels (a blur filter's), which must
-    follow them; the others ``prune``'s check vouches for."""
+    convolution the module's forward called on those channels (a blur filter's), or a size its
+    forward split or reshaped its channels by (an attention's ``key_dim``, ``head_dim``): those
+    must follow them; the others ``prune``'s check vouches for."""
+    split = set(graph.split_sizes)
     def kept(m: Map) -> int:
         return int(graph.mask_of(m, group_masks).sum())
 
@@ -169,7 +171,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
             if found is None or found == {value}:
                 continue
             if len(found) == 1:
-                changed.append((name, attr, value, next(iter(found)), False))
+                changed.append((name, attr, value, next(iter(found)), (name, value) in split))
                 setattr(module, attr, changed[-1][3])
             else:
                 unclear.append(prefix + attr)

@@ -32,6 +32,12 @@ from .repair import probe_like
 TOLERANCE = 1e-3  # largest |pruned - reference| over the reference's largest |value|, per output
 
 
+class _Failed(Exception):
+    def __init__(self, module: str, error: str):
+        super().__init__(error)
+        self.module, self.error = module, error
+
+
 @contextlib.contextmanager
 def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
     """``model`` with gamma and beta zeroed where ``masks`` (factor layer name -> keep) cut, and
@@ -90,9 +96,7 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
             except Exception:  # noqa: BLE001 (once more with hooks, to name the module)
                 got = leaves(_run_named(pruned, inputs))
         except _Failed as e:
-            raise named(GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
-                                   f"({e.error}); please report the network, and list that module in "
-                                   "keep_whole= meanwhile"), e.module) from None
+            raise fails(e) from None
         diff = difference(got, want)
         if diff <= tolerance:
             inner = first_inner_difference(ours, theirs, tolerance)
@@ -107,6 +111,30 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
     raise differs(diff, where)
 
 
+@torch.no_grad()
+def runs(result, example) -> None:
+    """What ``verify=False`` still asks: ``result.model`` runs, in eval mode, on a random input
+    of the example's shape (one forward of the pruned network); GraphError naming the module
+    it fails in where it does not, as ``check`` says it."""
+    pruned = result.model
+    with modes_kept(pruned):
+        pruned.eval()
+        inputs = probe_like(example)
+        try:
+            try:
+                pruned(*inputs)
+            except Exception:  # noqa: BLE001 (once more with hooks, to name the module)
+                _run_named(pruned, inputs)
+        except _Failed as e:
+            raise fails(e) from None
+
+
+def fails(e: _Failed) -> GraphError:
+    return named(GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
+                            f"({e.error}); please report the network, and list that module in "
+                            "keep_whole= meanwhile"), e.module)
+
+
 def differs(diff: float, where: str) -> GraphError:
     return named(GraphError(f"slimming refused its own cut: the pruned network differs from the original "
                             f"with the cut channels zeroed by {diff:.3g} (relative), first in {where}; "
@@ -119,12 +147,6 @@ def named(error: GraphError, module: str) -> GraphError:
     model as a whole), so that ``prune`` can cut again with it kept."""
     error.module = None if module.startswith("the model") else module
     return error
-
-
-class _Failed(Exception):
-    def __init__(self, module: str, error: str):
-        super().__init__(error)
-        self.module, self.error = module, error
 
 
 def _run_named(model: nn.Module, inputs: tuple):
