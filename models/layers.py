@@ -15,7 +15,11 @@ buffer ``filt`` passed to ``F.conv2d`` as its weight) names them in ``attrs``.
 - ``widths``: {integer attribute: "in" / "out" / "channels"}, set to the kept counts;
 - ``gated``: a carried channel whose input is zero gives zero (a BatchNorm, once its gamma and
   beta are zeroed); ``scores``: its ``weight`` is the |gamma| network slimming ranks;
-- ``grouped``: its weight is (out, in / groups, ...) and each group keeps equal counts.
+- ``grouped``: its weight is (out, in / groups, ...) and each group keeps equal counts;
+- ``normalises``: it normalises over the channels it carries, which lie last (a LayerNorm, an
+  RMSNorm): cut, it normalises over the kept ones, its ``normalized_shape`` set to their count,
+  and what the cut promises is the original with those statistics taken over the kept channels
+  (``slimming.pruning.norms``). Without a weight of its own it is not followed (kept).
 
 The built-in kinds are recognised by the torch function they call with a module's tensors
 (``conv1d/2d/3d``, ``conv_transpose*``, ``linear``, ``batch_norm``) and by a per-channel
@@ -48,6 +52,7 @@ class LayerRule:
     gated: bool = False
     scores: bool = False
     grouped: bool = False
+    normalises: bool = False
 
     def cut(self, module: nn.Module, keep: dict[str, torch.Tensor], attrs: dict[str, str] | None = None,
             groups: int = 1) -> None:
@@ -67,6 +72,8 @@ class LayerRule:
             value = getattr(module, attr, None)
             if mask is not None and isinstance(value, int) and not isinstance(value, bool):
                 setattr(module, attr, int(mask.sum()))
+        if self.normalises and keep.get("channels") is not None:
+            _normalized_shape(module, int(keep["channels"].sum()))
 
     @staticmethod
     def _cut(module: nn.Module, tensors: dict[str, int], mask: torch.Tensor | None, attrs) -> None:
@@ -101,6 +108,8 @@ class LayerRule:
         for attr, side in self.widths.items():
             if side in sizes and isinstance(getattr(module, attr, None), int):
                 setattr(module, attr, sizes[side])
+        if self.normalises and "channels" in sizes:
+            _normalized_shape(module, sizes["channels"])
         return changed
 
     def _dims(self, role: str) -> set[int]:
@@ -158,25 +167,6 @@ class GroupNormRule(LayerRule):
         return changed
 
 
-@dataclass(frozen=True)
-class LayerNormRule(LayerRule):
-    """A LayerNorm over the channels (the last dim: ``normalized_shape`` of one): carries them,
-    its ``normalized_shape`` set to the kept count. Cutting a channel changes the statistics
-    the others are normalised by; what a cut promises is in ``slimming.pruning.norms``."""
-
-    def cut(self, module, keep, attrs=None, groups: int = 1) -> None:
-        super().cut(module, keep, attrs, groups)
-        if keep.get("channels") is not None:
-            module.normalized_shape = (int(keep["channels"].sum()),)
-
-    def resize(self, module, state_dict, prefix, path) -> bool:
-        changed = super().resize(module, state_dict, prefix, path)
-        w = state_dict.get(prefix + "weight")
-        if isinstance(w, torch.Tensor) and w.dim() == 1:
-            module.normalized_shape = (w.shape[0],)
-        return changed
-
-
 class ChannelGate(nn.Module):
     """A per-channel scaling factor where a network has none (``slimming.add_gates``): its
     input times ``weight`` (ones at the start) along ``dim``, the channels' dimension (1 for
@@ -228,7 +218,10 @@ RULES: dict[str, LayerRule] = {
     "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}),
     "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"},
                                 gated=True, scores=True),
-    "layer_norm": LayerNormRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True),
+    # a LayerNorm is known by the layer_norm it calls (timm's LayerNorm2d permutes around it);
+    # an RMSNorm is followed whole (MODULE_RULES): both are this one rule
+    "layer_norm": LayerRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True, normalises=True),
+    "rms_norm": LayerRule(carries={"weight": 0}, gated=True, scores=True, normalises=True),
     "scale": ScaleRule(),
     "gate": LayerRule(carries={"weight": 0}, gated=True, scores=True),
     # one weight per head: the trace gives it the heads' own space (``slimming.pruning.trace``)
@@ -236,7 +229,7 @@ RULES: dict[str, LayerRule] = {
 }
 # type (or class name) -> kind
 MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn", ChannelGate: "gate",
-                                       HeadGate: "head_gate"}
+                                       HeadGate: "head_gate", nn.RMSNorm: "rms_norm"}
 _RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
             (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"),
             (nn.LayerNorm, "layer_norm"))
@@ -254,7 +247,8 @@ def is_factor_layer(module: nn.Module) -> bool:
     (not trained) is not."""
     kind = module_kind(module)
     if kind is not None:
-        return RULES[kind].scores
+        rule, weight = RULES[kind], getattr(module, "weight", None)
+        return rule.scores and isinstance(weight, torch.Tensor) and (not rule.normalises or weight.dim() == 1)
     if isinstance(module, nn.LayerNorm):
         return len(module.normalized_shape) == 1
     return isinstance(module, FACTOR_TYPES)
@@ -351,6 +345,14 @@ def resize_layer(module: nn.Module, state_dict: dict, prefix: str, path: str) ->
                 raise CheckpointError(f"{path}: {prefix}weight has shape {tuple(w.shape)}, not that "
                                       "of a cut transposed convolution")
         RULES[kind].resize(module, state_dict, prefix, path)
+
+
+def _normalized_shape(module: nn.Module, width: int) -> None:
+    """A normalisation's ``normalized_shape`` (a LayerNorm's, an RMSNorm's) set to ``width``
+    channels, where it has one of one dim."""
+    shape = getattr(module, "normalized_shape", None)
+    if isinstance(shape, (tuple, list)) and len(shape) == 1:
+        module.normalized_shape = (width,)
 
 
 def _set(m: nn.Module, attr: str, value: torch.Tensor) -> None:

@@ -72,14 +72,22 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
             for t in (layer.weight, getattr(layer, "bias", None)):
                 if t is not None:
                     t[~keep] = 0
-    if any(isinstance(z.get_submodule(n), nn.LayerNorm) and not m.all() for n, m in masks.items()):
+    if any(normalises(z.get_submodule(n)) and not m.all() for n, m in masks.items()):
         return KeptStatistics(z, masks)
     return z
 
 
+def normalises(module: nn.Module) -> bool:
+    """A LayerNorm, or a layer whose rule normalises over its channels (an RMSNorm)."""
+    from slimming.models.layers import RULES, module_kind
+
+    kind = module_kind(module)
+    return isinstance(module, nn.LayerNorm) or (kind is not None and RULES[kind].normalises)
+
+
 class KeptStatistics(nn.Module):
-    """A network whose LayerNorms that lose channels normalise over the kept ones (what a cut
-    LayerNorm promises: ``slimming.pruning.norms``)."""
+    """A network whose LayerNorms (RMSNorms) that lose channels normalise over the kept ones
+    (what a cut norm promises: ``slimming.pruning.norms``)."""
 
     def __init__(self, model: nn.Module, masks: dict[str, torch.Tensor]):
         super().__init__()

@@ -11,6 +11,7 @@ import warnings
 import pytest
 import torch
 from conftest import rel_diff, sparsity_shaped, zeroed
+from slimming.models.layers import is_factor_layer
 from torch import nn
 
 import slimming
@@ -203,11 +204,11 @@ class ViTBlock(nn.Module):
     """A pre-norm transformer block as timm writes it: LayerNorm, fused qkv, heads, scaled dot
     product attention, projection, residual; LayerNorm, MLP, residual."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, norm=nn.LayerNorm):
         super().__init__()
         self.heads = heads
-        self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.norm2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+        self.norm1, self.qkv, self.proj = norm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm2, self.fc1, self.fc2 = norm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
         self.inner = dim
 
     def forward(self, x):
@@ -222,13 +223,13 @@ class TinyViT(nn.Module):
     """Patch embedding (a strided convolution, flattened to tokens), a class token, a position
     embedding, three blocks, a final LayerNorm, the class token's head."""
 
-    def __init__(self, dim: int = 24, heads: int = 3, num_classes: int = 10):
+    def __init__(self, dim: int = 24, heads: int = 3, num_classes: int = 10, norm=nn.LayerNorm):
         super().__init__()
         self.patch = nn.Conv2d(3, dim, 8, 8)
         self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
         self.pos_embed = nn.Parameter(torch.randn(1, 17, dim) * 0.02)
-        self.blocks = nn.Sequential(*[ViTBlock(dim, heads) for _ in range(3)])
-        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, num_classes)
+        self.blocks = nn.Sequential(*[ViTBlock(dim, heads, norm) for _ in range(3)])
+        self.norm, self.head = norm(dim), nn.Linear(dim, num_classes)
 
     def forward(self, x):
         x = self.patch(x).flatten(2).transpose(1, 2)
@@ -304,6 +305,86 @@ def test_a_cut_layernorm_normalises_over_its_kept_channels():
     want[..., keep] = (kept - mean) / torch.sqrt(var + ln.eps) * ln.weight[keep] + ln.bias[keep]
     assert torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(ln(x), want, atol=1e-3)  # and only inside the block
+
+
+class LlamaRMSNorm(nn.Module):
+    """An RMSNorm of a user's own, as LLaMA's code writes it: the trace does not know it until
+    it is registered (one call)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+RMS_RULE = slimming.LayerRule(carries={"weight": 0}, gated=True, scores=True, normalises=True)
+
+
+def _rms_vit_timm(norm_layer):
+    def build():
+        timm = pytest.importorskip("timm")
+        layer = getattr(timm.layers, norm_layer) if isinstance(norm_layer, str) else norm_layer
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10, img_size=32,
+                                 patch_size=8, norm_layer=layer)
+    return build
+
+
+RMS_NETWORKS = {  # (builder, the module type a user registers, or None: torch's nn.RMSNorm, built in)
+    "TinyViT nn.RMSNorm": (lambda: TinyViT(norm=nn.RMSNorm), None),
+    "timm vit_tiny nn.RMSNorm": (_rms_vit_timm(nn.RMSNorm), None),
+    "TinyViT LlamaRMSNorm, registered": (lambda: TinyViT(norm=LlamaRMSNorm), LlamaRMSNorm),
+    "timm vit_tiny timm RmsNorm, registered": (_rms_vit_timm("RmsNorm"), "RmsNorm"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(RMS_NETWORKS))
+def test_an_rmsnorm_is_a_scaling_factor_in_one_rule(name, seed, tmp_path):
+    """torch's nn.RMSNorm is one rule in the table (followed whole, scored by its gamma, cut
+    normalising over its kept channels); an RMSNorm class of your own (timm's, LLaMA's) is one
+    register_layer call. Exact against the zeroed original, the norms at their kept widths,
+    saved and loaded back the same; trained sparse by Sparsity."""
+    build, own = RMS_NETWORKS[name]
+    if own == "RmsNorm":
+        own = pytest.importorskip("timm").layers.RmsNorm
+    registered = slimming.register_layer(own, RMS_RULE) if own is not None else None
+    try:
+        torch.manual_seed(seed)
+        model = build().eval()
+        norms = [(n, m) for n, m in model.named_modules() if isinstance(m, own or nn.RMSNorm)]
+        assert norms and all(is_factor_layer(m) for _, m in norms)
+        assert {id(m.weight) for _, m in norms} <= {id(p) for p in slimming.Sparsity(model, 1e-4).params}
+        sparsity_shaped(model, seed)
+        result, x, percent = cut_at_random(model, seed)
+        ranked, cut = result.ranked
+        assert cut == math.floor(percent * ranked) and cut > 0
+        for n, _ in norms:
+            small = result.model.get_submodule(n)
+            assert small.weight.shape == (int(result.masks[n].sum()),)
+            assert getattr(small, "normalized_shape", small.weight.shape) == small.weight.shape
+        assert any(not bool(result.masks[n].all()) for n, _ in norms)
+        slimming.save_pruned(result.model, tmp_path / "rms.pth")
+        loaded = slimming.load_pruned(tmp_path / "rms.pth", build()).eval()
+        with torch.no_grad():
+            assert torch.equal(loaded(x), result.model(x))
+    finally:
+        if registered is not None:
+            registered.remove()
+
+
+def test_an_rmsnorm_not_over_its_channels_alone_is_kept():
+    """An RMSNorm over more than the channels (here the last two dims) normalises each channel
+    by others' statistics: kept, the rest still cut."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.RMSNorm([8, 8]),
+                          nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=torch.randn(1, 3, 8, 8), compensate=False)
+    assert result.masks["1"].all() and not result.masks["4"].all()
+    assert result.model[2].normalized_shape == (8, 8)
 
 
 def test_sparsity_trains_the_layernorm_gammas_too():

@@ -1,10 +1,14 @@
-"""What cutting channels of a LayerNorm promises. A LayerNorm over the channels (ConvNeXt's, in
-either layout; a transformer's over its embedding) normalises each channel by the mean and
-variance of all of them, so no zeroed gamma makes a channel vanish from the others' statistics:
-the pruned network's LayerNorm normalises over the kept channels only. Its reference, what the
-pruned network equals (``verify.check``) and what compensation measures the cut channels'
-constants on (``repair``), is therefore the original with the cut channels' gamma and beta
-zeroed *and* each such LayerNorm's statistics taken over its kept channels: ``kept_statistics``.
+"""What cutting channels of a normalisation over them promises (a layer whose rule
+``normalises``: a LayerNorm, an RMSNorm, one of your own). A LayerNorm over the channels
+(ConvNeXt's, in either layout; a transformer's over its embedding) normalises each channel by
+the mean and variance of all of them (an RMSNorm by their root mean square), so no zeroed gamma
+makes a channel vanish from the others' statistics: the pruned network's norm normalises over
+the kept channels only. Its reference, what the pruned network equals (``verify.check``) and
+what compensation measures the cut channels' constants on (``repair``), is therefore the
+original with the cut channels' gamma and beta zeroed *and* each such norm's statistics taken
+over its kept channels: ``kept_statistics``. A LayerNorm is known by the ``layer_norm`` it
+calls; a norm followed whole as a module (``nn.RMSNorm``, a registered kind) runs, for its kept
+channels, as its rule cuts it.
 A network trained sparse has its cut gammas near zero, so the statistics move by what the cut
 channels' inputs weighed in them; fine-tuning, as after any cut, takes up the rest.
 """
@@ -12,12 +16,14 @@ channels' inputs weighed in them; fine-tuning, as after any cut, takes up the re
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
+from ..models.layers import RULES, module_kind
 from .ops import arg, op_name
 
 
@@ -45,17 +51,39 @@ class _KeptStatistics(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _over_kept(cut: nn.Module, keep: torch.Tensor):
+    """A forward hook: the module's output on its kept channels (the last dim) is what ``cut``
+    (the module as its rule cuts it) gives on them; the cut ones stay as the module gave them."""
+    def hook(module, args, out):
+        k = keep.to(out.device)
+        new = out.clone()
+        new[..., k] = cut(args[0][..., k], *args[1:])
+        return new
+    return hook
+
+
 @contextlib.contextmanager
 def kept_statistics(model: nn.Module, masks: dict[str, torch.Tensor]):
-    """While the block runs, each LayerNorm of ``model`` that ``masks`` (factor layer name ->
-    keep) cuts normalises over its kept channels; nothing else changes."""
-    keep = {}
-    for name, mask in masks.items():
-        m = model.get_submodule(name)
-        if isinstance(m, nn.LayerNorm) and getattr(m, "weight", None) is not None and not bool(mask.all()):
-            keep[id(m.weight)] = mask
-    if not keep:
-        yield model
-        return
-    with _KeptStatistics(keep):
-        yield model
+    """While the block runs, each normalisation of ``model`` that ``masks`` (factor layer name
+    -> keep) cuts normalises over its kept channels; nothing else changes."""
+    keep, hooks = {}, []
+    try:
+        for name, mask in masks.items():
+            m = model.get_submodule(name)
+            if bool(mask.all()) or getattr(m, "weight", None) is None:
+                continue
+            kind = module_kind(m)
+            if kind is not None and RULES[kind].normalises:
+                cut = copy.deepcopy(m)
+                RULES[kind].cut(cut, {"channels": mask.to(m.weight.device)})
+                hooks.append(m.register_forward_hook(_over_kept(cut, mask)))
+            elif isinstance(m, nn.LayerNorm):
+                keep[id(m.weight)] = mask
+        if not keep:
+            yield model
+            return
+        with _KeptStatistics(keep):
+            yield model
+    finally:
+        for h in hooks:
+            h.remove()

@@ -360,6 +360,12 @@ class _Walk(ChannelOps):
         if out.shape[x.dim] != x.channels:
             return self.opaque(type(m).__name__, "a layer that carries its channels but changes their "
                                "number", [x], out)
+        if rule.normalises and (x.dim != out.dim() - 1 or "weight" not in attrs
+                                or m.weight.shape != (x.channels,)):
+            # Kept, not followed: a norm over other than the last dim alone, or without a scale of
+            # its own, normalises each channel by statistics of others that no factor scores
+            return self.opaque(type(m).__name__, "a normalisation over other than its channels, or "
+                               "without a scale of its own", [x], out)
         if ignored:
             self.g.pin(x, f"{name} is in ignore")
         self.again(name, x)
@@ -495,10 +501,11 @@ class _Walk(ChannelOps):
         self.set(out, x.with_gate(True))
 
     def rule_norm(self, op, func, args, kwargs, out, inputs) -> None:
-        # Kept, not followed: a norm over the channels without a scale of its own (RMSNorm, a
-        # LayerNorm over several dims or in ignore) normalises each channel by statistics of all
-        # the others, so cutting one changes what the rest become (a LayerNorm with its weight:
-        # rule_layer_norm; GroupNorm, by whole groups: rule_group_norm)
+        # Kept, not followed: a norm over the channels without a scale of its own (a LayerNorm
+        # over several dims or in ignore, an rms_norm outside an nn.RMSNorm) normalises each
+        # channel by statistics of all the others, so cutting one changes what the rest become
+        # (a LayerNorm with its weight: rule_layer_norm; an nn.RMSNorm is a layer followed whole
+        # by its rule; GroupNorm, by whole groups: rule_group_norm)
         x_t, x = inputs[0]
         same = isinstance(out, torch.Tensor) and out.shape == x_t.shape
         self.opaque(op, "a normalisation over the channels: cutting one changes the others",
