@@ -37,7 +37,8 @@ class _KeptStatistics(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if op_name(func) == "layer_norm":
+        # every op of the forward passes here (the check's fingerprints too): the name first
+        if "layer_norm" in getattr(func, "__name__", "") and op_name(func) == "layer_norm":
             weight = arg(args, kwargs, 2, "weight")
             keep = self.keep.get(id(weight)) if isinstance(weight, torch.Tensor) else None
             if keep is not None:
@@ -51,22 +52,24 @@ class _KeptStatistics(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _over_kept(cut: nn.Module, keep: torch.Tensor):
-    """A forward hook: the module's output on its kept channels (the last dim) is what ``cut``
-    (the module as its rule cuts it) gives on them; the cut ones stay as the module gave them."""
-    def hook(module, args, out):
+def _over_kept(forward, cut: nn.Module, keep: torch.Tensor):
+    """A module's ``forward`` whose output on its kept channels (the last dim) is what ``cut``
+    (the module as its rule cuts it) gives on them; the cut ones stay as ``forward`` gave them.
+    The forward itself, not a hook: every hook sees the output as the reference has it."""
+    def kept_forward(x, *args, **kwargs):
+        out = forward(x, *args, **kwargs)
         k = keep.to(out.device)
         new = out.clone()
-        new[..., k] = cut(args[0][..., k], *args[1:])
+        new[..., k] = cut(x[..., k], *args, **kwargs)
         return new
-    return hook
+    return kept_forward
 
 
 @contextlib.contextmanager
 def kept_statistics(model: nn.Module, masks: dict[str, torch.Tensor]):
     """While the block runs, each normalisation of ``model`` that ``masks`` (factor layer name
     -> keep) cuts normalises over its kept channels; nothing else changes."""
-    keep, hooks = {}, []
+    keep, replaced = {}, []
     try:
         for name, mask in masks.items():
             m = model.get_submodule(name)
@@ -76,7 +79,8 @@ def kept_statistics(model: nn.Module, masks: dict[str, torch.Tensor]):
             if kind is not None and RULES[kind].normalises:
                 cut = copy.deepcopy(m)
                 RULES[kind].cut(cut, {"channels": mask.to(m.weight.device)})
-                hooks.append(m.register_forward_hook(_over_kept(cut, mask)))
+                replaced.append((m, m.__dict__.get("forward")))
+                m.forward = _over_kept(m.forward, cut, mask)
             elif isinstance(m, nn.LayerNorm):
                 keep[id(m.weight)] = mask
         if not keep:
@@ -85,5 +89,8 @@ def kept_statistics(model: nn.Module, masks: dict[str, torch.Tensor]):
         with _KeptStatistics(keep):
             yield model
     finally:
-        for h in hooks:
-            h.remove()
+        for m, forward in reversed(replaced):
+            if forward is None:
+                del m.forward
+            else:
+                m.forward = forward

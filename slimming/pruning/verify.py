@@ -252,42 +252,47 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
     output, the same tensor as its last child's, is not fingerprinted twice. Each is taken when
     its module returns, so a tensor an in-place op changes later is seen as it was then."""
     found: dict[str, list[list[tuple[tuple, torch.Tensor]]]] = {}
-    hooks, last = [], {}
+    last: dict = {}
+    narrow = {name: mask.nonzero().flatten() for name, mask in (kept or {}).items() if not bool(mask.all())}
 
-    def hook(name):
-        def record(m, args, out) -> None:
-            if name in found:
-                return
-            variants, mask = [], (kept or {}).get(name)
-            for t in leaves(out):
-                if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
-                    variants.append([])
-                    continue
-                if mask is None or t.dim() < 2 or bool(mask.all()):
-                    # a container passing on its child's output, unchanged since (no in-place
-                    # activation after it: ``_version``), is not fingerprinted again
-                    if last.get("tensor") is not t or last.get("version") != t._version:
-                        last.update(tensor=t, version=t._version, form=[(tuple(t.shape), _fingerprint(t))])
-                    variants.append(last["form"])
-                    continue
-                forms = [t] + [t.index_select(d, mask.nonzero().flatten().to(t.device))
-                               for d in sorted({1, t.dim() - 1}) if t.shape[d] == len(mask)]
-                variants.append([(tuple(f.shape), _fingerprint(f)) for f in forms])
-            found[name] = variants
-        return record
+    def forms_of(name: str, out) -> list[list[tuple[tuple, torch.Tensor]]]:
+        variants, index = [], narrow.get(name)
+        for t in leaves(out):
+            if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+                variants.append([])
+                continue
+            if index is None or t.dim() < 2:
+                # a container passing on its child's output, unchanged since (no in-place
+                # activation after it: ``_version``), is not fingerprinted again
+                if last.get("tensor") is not t or last.get("version") != t._version:
+                    last.update(tensor=t, version=t._version, form=[(tuple(t.shape), _fingerprint(t))])
+                variants.append(last["form"])
+                continue
+            forms = [t] + [t.index_select(d, index.to(t.device)) for d in sorted({1, t.dim() - 1})
+                           if t.shape[d] == len(kept[name])]
+            variants.append([(tuple(f.shape), _fingerprint(f)) for f in forms])
+        return variants
 
+    names = {id(m): name for name, m in model.named_modules()}
+
+    def record(m, args, out) -> None:
+        name = names.get(id(m))
+        if name is not None and name not in found:
+            found[name] = forms_of(name, out)
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)  # one hook, not one a module
     try:
-        for name, m in model.named_modules():
-            hooks.append(m.register_forward_hook(hook(name)))
         yield found
     finally:
-        for h in hooks:
-            h.remove()
+        handle.remove()
         last.clear()
-        _SIGNS.clear()  # as large as the largest output: not kept (made again the same)
+        for device, signs in list(_SIGNS.items()):  # kept for the next check, up to 64 MiB each
+            if signs.numel() > _KEEP_SIGNS:
+                del _SIGNS[device]
 
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}  # device -> a fixed random +-1 per position
+_KEEP_SIGNS = 1 << 24  # longer ones (a batch of large images) are made again the next time
 _CHUNK = 1 << 16
 
 
@@ -311,23 +316,29 @@ def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[
     (relative to the reference's sum of squares, and its root): the check's final
     outputs can agree while a block deep in a residual stream is wrong (a branch whose share
     of the output is small, as in a network at its random start). None when none does."""
+    names, got, want = [], [], []
     for name, outputs in ours.items():
-        want = theirs.get(name)
-        if want is None or len(want) != len(outputs):
+        forms_of = theirs.get(name)
+        if forms_of is None or len(forms_of) != len(outputs):
             continue
-        for got, forms in zip(outputs, want):
-            if not got:
+        for mine, forms in zip(outputs, forms_of):
+            if not mine:
                 continue
-            shape, g = got[0]
+            shape, g = mine[0]
             same = [f for s, f in forms if s == shape]
-            if len(same) != 1:  # not comparable (narrowed another way), or ambiguous
-                continue
-            f, g = same[0].double().cpu(), g.double().cpu()
-            if f[0] > 0:
-                diff = max(float((g[0] - f[0]).abs() / f[0]), float((g[1] - f[1]).abs() / f[0].sqrt()))
-                if diff > tolerance:
-                    return name or "the model's output", diff
-    return None
+            if len(same) == 1:  # else not comparable (narrowed another way), or ambiguous
+                names.append(name)
+                got.append(g)
+                want.append(same[0])
+    if not names:
+        return None
+    g, f = torch.stack(got).double().cpu(), torch.stack(want).double().cpu()  # all at once: one copy
+    diff = torch.maximum((g[:, 0] - f[:, 0]).abs() / f[:, 0], (g[:, 1] - f[:, 1]).abs() / f[:, 0].sqrt())
+    bad = ((f[:, 0] > 0) & (diff > tolerance)).nonzero()
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return names[i] or "the model's output", float(diff[i])
 
 
 def first_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, tolerance: float,
