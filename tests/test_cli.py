@@ -154,6 +154,24 @@ def test_python_m_slimming_and_prune_does_not_import_torchvision(sparse_run, tmp
     assert all(cmd in help_text for cmd in ("train", "prune", "finetune", "eval"))
 
 
+def test_a_prune_whose_cifar_is_missing_says_so_without_importing_torchvision(sparse_run, tmp_path):
+    """The checkpoint's data is CIFAR-10, not on this machine: the cut is saved, the accuracy
+    not measured, and torchvision (1.3 s of the whole process) is not imported to find that out."""
+    from slimming import load_checkpoint, save_checkpoint
+
+    ckpt = load_checkpoint(sparse_run / "best.pth")
+    ckpt["args"] = {**ckpt["args"], "dataset": "cifar10", "data_root": str(tmp_path / "none")}
+    ckpt["data"] = {**ckpt["data"], "dataset": "cifar10", "data_root": str(tmp_path / "none")}
+    save_checkpoint(ckpt, tmp_path / "c.pth")
+    code = ("import sys; from slimming.cli import main; "
+            f"rc = main(['prune', '--checkpoint', r'{tmp_path / 'c.pth'}', '--percent', '0.3', "
+            f"'--save', r'{tmp_path / 'out'}', '--cpu']); "
+            "assert rc == 0; assert 'torchvision' not in sys.modules, 'torchvision imported'")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "not measured (cifar10 not found under" in run.stdout and (tmp_path / "out" / "pruned.pth").exists()
+
+
 def test_config_file_with_command_line_override(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("arch: vgg\ncfg: [4, M, 4, M, 4, M, 4, M, 4]\nepochs: 3\nsparsity: 1e-3\n"

@@ -311,6 +311,7 @@ def test_cifar_arrays_become_nchw(tmp_path, monkeypatch):
             self.classes = [str(i) for i in range(100)]
 
     monkeypatch.setattr(torchvision.datasets, "CIFAR100", FakeCIFAR100)
+    (tmp_path / "cifar-100-python").mkdir()  # where torchvision's copy lies (looked for first)
     train_x, _, test_x, test_y, num_classes = data.load_images("cifar100", tmp_path)
     assert num_classes == 100 and train_x.shape == (6, 3, 32, 32) and test_y.tolist() == [0, 1, 2, 3]
     assert torch.equal(test_x[2, 1], torch.from_numpy(arrays[False][2, :, :, 1]))  # channel 1 = G

@@ -236,7 +236,12 @@ def _norm(norm) -> tuple[str, tuple[float, ...] | None, tuple[float, ...] | None
     return "given", mean, std
 
 
+_CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}  # torchvision's
+
+
 def _cifar(name: str, root: Path, download: bool, train_transform=None, test_transform=None):
+    if not download and not (Path(root) / _CIFAR_FOLDERS[name]).is_dir():
+        _cifar_missing(name, root)  # said before torchvision is imported (a second, for nothing)
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
@@ -244,13 +249,17 @@ def _cifar(name: str, root: Path, download: bool, train_transform=None, test_tra
         train = cls(str(root), train=True, download=download, transform=train_transform)
         test = cls(str(root), train=False, download=download, transform=test_transform)
     except RuntimeError:
-        raise DataError(f"{name} not found under {root}: pass download to fetch it, point root at a "
-                        "folder that holds it, or use a local copy as the imagefolder dataset, or "
-                        "the synthetic one", param=("download", "root")) from None
+        _cifar_missing(name, root)
     except OSError as e:  # a download that cannot reach the network
         raise DataError(f"{name}: download failed ({first_line(e)}); point root at a local copy "
                         "or use the imagefolder or synthetic dataset", param="root") from None
     return train, test
+
+
+def _cifar_missing(name: str, root: Path):
+    raise DataError(f"{name} not found under {root}: pass download to fetch it, point root at a "
+                    "folder that holds it, or use a local copy as the imagefolder dataset, or "
+                    "the synthetic one", param=("download", "root")) from None
 
 
 # --------------------------------------------------------------------------- choosing
