@@ -130,11 +130,14 @@ def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor) -> tuple[torc
     other probe images give the same (a constant does not depend on the input)."""
     cut = cut.to(x.device)
     w = layer.weight.detach()[:, cut]
+    xs = x[:, cut] if isinstance(layer, nn.Conv2d) else x[..., cut]
+    if len(xs) > 1 and torch.equal(xs, xs[:1].expand_as(xs)):
+        xs = xs[:1]  # every probe gave these inputs alike: one image says what all would (8x less work)
     if isinstance(layer, nn.Conv2d):
-        part = nn.functional.conv2d(x[:, cut], w, None, layer.stride, layer.padding, layer.dilation)
+        part = nn.functional.conv2d(xs, w, None, layer.stride, layer.padding, layer.dilation)
         part = part.mean((2, 3))
     else:  # a linear layer, on (N, features) or on tokens (N, L, features)
-        part = x[..., cut] @ w.T
+        part = xs @ w.T
         part = part.flatten(1, -2).mean(1) if part.dim() > 2 else part
     part = part.float()
     a = part[0]
