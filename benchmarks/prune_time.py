@@ -71,7 +71,8 @@ def main():
     naive = median_time(lambda: prune_with_init(model, 0.7), 5)
     result = slimming.prune(model, percent=0.7)
     print(f"VGG-19 {slimming.count_params(model) / 1e6:.2f}M -> "
-          f"{slimming.count_params(result.model) / 1e6:.2f}M parameters at 70%, {torch.get_num_threads()} threads")
+          f"{slimming.count_params(result.model) / 1e6:.2f}M parameters at 70%, "
+          f"{torch.get_num_threads()} threads")
     print(f"slimming prune, whole process (median of 3): {whole:.2f} s; import torch, torchvision: "
           f"{bare:.2f} s ({whole / bare:.2f}x)")
     print(f"slimming.prune() in process (median of 7): {call * 1000:.0f} ms (checked, compensated); "
