@@ -51,7 +51,7 @@ def test_each_part_names_its_modules_and_leaves_the_rule_to_the_table():
     """A part's docstring names each of its modules (``runs``, ``trace``, ``ops``) and points to
     docs/layout.md for what it may import, instead of writing the rule again."""
     wrong = []
-    for init in sorted([*REPO.glob("slimming/*/__init__.py"), REPO / "models" / "__init__.py"]):
+    for init in sorted(REPO.glob("slimming/*/__init__.py")):
         name, doc = init.parent.name, ast.get_docstring(ast.parse(init.read_text())) or ""
         if name != "models":  # models names its families as a kind, not one by one
             wrong += [f"{name} does not name {m.stem}" for m in sorted(init.parent.glob("*.py"))
@@ -62,12 +62,10 @@ def test_each_part_names_its_modules_and_leaves_the_rule_to_the_table():
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
-    """module name -> (file, is a package); ``models/`` installs as ``slimming.models``."""
+    """module name -> (file, is a package)."""
     found = {}
-    for path in [*REPO.glob("slimming/**/*.py"), *REPO.glob("models/**/*.py")]:
+    for path in REPO.glob("slimming/**/*.py"):
         parts = list(path.relative_to(REPO).with_suffix("").parts)
-        if parts[0] == "models":
-            parts = ["slimming", *parts]
         package = parts[-1] == "__init__"
         found[".".join(parts[:-1] if package else parts)] = (path, package)
     return found
