@@ -25,6 +25,7 @@ import slimming
 from slimming.errors import SlimmingError
 from slimming.measure.stats import count_flops, count_params
 from slimming.pruning.graph import GraphError
+from slimming.pruning.surgery import WidthChange
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # many tiny convolutions: one thread is faster
 
@@ -174,10 +175,10 @@ class Reads(nn.Module):
 def test_measured_runs_a_candidate_with_its_unsure_widths_put_back_and_refuses_one_that_never_runs():
     from slimming.pruning.budget import measured  # here: the module's other test runs without it
 
-    ran = _Candidate(Reads(2), [("", "c", 3, 2, False)])  # fails with c=2; runs with c=3, as it was
+    ran = _Candidate(Reads(2), [WidthChange("", "c", 3, 2, False)])  # fails with c=2; runs with c=3
     assert measured(ran, lambda m: count_flops(m, (3, 2, 2))) == count_flops(Reads(3), (3, 2, 2))
     assert ran.model.c == 2  # left as built: the check decides which stay put back
-    broken = _Candidate(Reads(2), [("", "c", 5, 2, False)])
+    broken = _Candidate(Reads(2), [WidthChange("", "c", 5, 2, False)])
     with pytest.raises(GraphError, match="does not run") as e:
         measured(broken, lambda m: count_flops(m, (3, 2, 2)))
     assert "\n" not in str(e.value) and broken.model.c == 2

@@ -57,18 +57,18 @@ def measured(result, measure: Callable[[nn.Module], float]) -> float:
         return measure(result.model)
     except Exception as e:  # noqa: BLE001 (the user's forward: any error)
         error = e
-    unsure = [c for c in result.widths if not c[4]]  # (module, attribute, old, new, sure)
+    unsure = [c for c in result.widths if not c.sure]  # surgery.WidthChange records
     try:
-        for name, attr, old, _, _ in unsure:
-            setattr(result.model.get_submodule(name), attr, old)
+        for c in unsure:
+            setattr(result.model.get_submodule(c.module), c.attr, c.old)
         return measure(result.model)
     except Exception:  # noqa: BLE001 (the first error says more: the widths as built)
         raise GraphError(f"slimming refused its own cut: the pruned network does not run "
                          f"({first_line(error, 160)}); please report the network, and list the module "
                          "it fails in in keep_whole= meanwhile") from None
     finally:  # as built: the check decides which stay put back
-        for name, attr, _, new, _ in unsure:
-            setattr(result.model.get_submodule(name), attr, new)
+        for c in unsure:
+            setattr(result.model.get_submodule(c.module), c.attr, c.new)
 
 
 class _Unrunnable(Exception):

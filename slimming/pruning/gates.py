@@ -7,7 +7,6 @@ from torch import nn
 
 from ..models.gates import attach, gated_layers
 from ..utils.modules import unwrap
-from .graph import UNSCORED
 from .prune import default_example
 from .trace import trace
 
@@ -51,9 +50,12 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
         name, kind, m = found[0]
         whole = len(m.segs) == 1 and m.segs[0].start == 0 and m.segs[0].length == g.size and m.factor == 1
         layer = model.get_submodule(name)
-        allowed = {UNSCORED, f"{name} reads it before any BatchNorm or other scaling factor"}
-        if whole and kind in ("linear_in", "conv_in") and getattr(layer, "groups", 1) == 1 \
-                and set(g.reasons) <= allowed:
+        # kept only for want of a factor, or because this very layer reads them first: a gate
+        # here gives them one (a Reason says what it is, not only how it reads)
+        unscored = all(getattr(why, "kind", None) == "unscored"
+                       or (getattr(why, "kind", None) == "read_first" and why.module == name)
+                       for why in g.reasons)
+        if whole and kind in ("linear_in", "conv_in") and getattr(layer, "groups", 1) == 1 and unscored:
             chosen.append(name)
     attach(model, chosen)
     attach(model, {name: n for name, n in per_head.items() if name not in chosen}, heads=True)

@@ -40,6 +40,21 @@ from ..models.layers import RULES
 UNSCORED = "no scaling factor (BatchNorm, GroupNorm, LayerNorm, gate) scores it"
 
 
+class Reason(str):
+    """Why channels are kept: the sentence users read (it is a ``str``), and what it says for
+    code that decides by it (``add_gates``): ``kind`` ("unscored": nothing scores them; "frozen":
+    only frozen BatchNorms do; "read_first": ``module`` reads them before any factor; "kept":
+    anything else)."""
+
+    kind: str
+    module: str | None
+
+    def __new__(cls, text: str, kind: str = "kept", module: str | None = None) -> Reason:
+        self = super().__new__(cls, text)
+        self.kind, self.module = kind, module
+        return self
+
+
 class GraphError(SlimmingError):
     """A network whose channels the graph cannot follow; names the module and the op."""
 
@@ -459,11 +474,13 @@ class ChannelGraph:
             if not affine:
                 frozen = f": only FrozenBatchNorm2d layers ({', '.join(sorted(set(g.frozen)))}) read it, " \
                          "which are not trained, so not scored" if g.frozen else ""
-                pin(Seg(g.spaces[0], 0, g.size, False), UNSCORED + frozen)
+                pin(Seg(g.spaces[0], 0, g.size, False),
+                    Reason(UNSCORED + frozen, "frozen" if frozen else "unscored"))
         for name, m in readers:  # a reader must see zeros where we cut
             for seg in m.segs:
                 if not seg.gated:
-                    pin(seg, f"{name} reads it before any BatchNorm or other scaling factor")
+                    pin(seg, Reason(f"{name} reads it before any BatchNorm or other scaling factor",
+                                    "read_first", name))
         for r, g in by_root.items():
             g.reasons = list(reasons.get(r, ()))
             if g.pinned is not None and bool(g.pinned.all()):

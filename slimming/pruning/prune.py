@@ -35,6 +35,7 @@ from . import budget, estimate, repair, speed, surgery
 from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
+from .surgery import WidthChange
 from .trace import as_inputs, trace
 from .verify import check, runs
 
@@ -145,7 +146,7 @@ class PruneResult:
     layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     verified: float | None = None  # the check's largest relative difference (None: not checked)
-    widths: list = field(default_factory=list)  # (module, attribute, old, new, sure) integer widths set
+    widths: list = field(default_factory=list)  # integer widths set: surgery.WidthChange records
     # target_flops/params: what, target, achieved; target_latency also asked, spread, fraction,
     # full, met, rounds (each end-to-end measurement) and table (the lookup table's cost)
     budget: dict = field(default_factory=dict)
@@ -269,8 +270,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             if verify:
                 result.verified = _checked(model, result, example)
             else:  # unchecked: only the sure widths stay, and the network must run
-                if any(not sure for *_, sure in result.widths):
-                    _settle(result, lambda: None, keep=lambda change: change[4])
+                if any(not change.sure for change in result.widths):
+                    _settle(result, lambda: None, keep=lambda change: change.sure)
                 runs(result, example)
         except GraphError as e:
             failed = "match" if verify else "run"
@@ -372,16 +373,16 @@ def _checked(model: nn.Module, result: PruneResult, example) -> float:
     except GraphError:
         if not result.widths:
             raise
-    for name, attr, old, _, sure in result.widths:  # the sure ones must follow their channels
-        if not sure:
-            setattr(result.model.get_submodule(name), attr, old)
+    for change in result.widths:  # the sure ones must follow their channels
+        if not change.sure:
+            setattr(result.model.get_submodule(change.module), change.attr, change.old)
     check(model, result, example)  # wrong whatever the widths: the GraphError stands
     _settle(result, lambda: check(model, result, example))
     return check(model, result, example)
 
 
 def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
-            keep: Callable[[tuple], bool] | None = None) -> None:
+            keep: Callable[[WidthChange], bool] | None = None) -> None:
     """Put every integer width ``update_widths`` set back but the sure ones (a depthwise
     filter's groups, an attention's number of heads: they must follow their channels), then
     set each module's again where ``test`` (the check) still passes with it, for at most
@@ -389,21 +390,21 @@ def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
     sure ones only). Says which stay as they were."""
     by_module: dict[str, list] = {}
     for change in result.widths:
-        by_module.setdefault(change[0], []).append(change)
+        by_module.setdefault(change.module, []).append(change)
 
     def apply(changes, new: bool) -> None:
-        for name, attr, old, value, _ in changes:
-            setattr(result.model.get_submodule(name), attr, value if new else old)
+        for c in changes:
+            setattr(result.model.get_submodule(c.module), c.attr, c.new if new else c.old)
 
-    kept = [c for c in result.widths if c[4]]  # sure: a depthwise filter's groups, a number of heads
-    apply([c for c in result.widths if not c[4]], False)
+    kept = [c for c in result.widths if c.sure]  # a depthwise filter's groups, a number of heads
+    apply([c for c in result.widths if not c.sure], False)
     if keep is not None:
         kept = [c for c in result.widths if keep(c)]
         apply(kept, True)
         why = "verify=False: only the check vouches for them"
     else:
         for changes in list(by_module.values())[:most]:
-            changes = [c for c in changes if not c[4]]
+            changes = [c for c in changes if not c.sure]
             apply(changes, True)
             try:
                 test()
@@ -413,7 +414,7 @@ def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
         why = "the forward reads them as fixed sizes"
     left = [c for c in result.widths if c not in kept]
     result.widths = kept
-    names = ", ".join(f"{c[0]}.{c[1]}" if c[0] else c[1] for c in left[:6])
+    names = ", ".join(f"{c.module}.{c.attr}" if c.module else c.attr for c in left[:6])
     warnings.warn(f"{len(left)} integer attribute(s) left as they were ({why}): {names}", stacklevel=4)
 
 

@@ -13,6 +13,7 @@ pruned state_dict's widths.)
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -116,8 +117,19 @@ def _side(attr: str) -> str | None:
     return None
 
 
+class WidthChange(NamedTuple):
+    """An integer attribute ``update_widths`` set: ``module``'s ``attr`` from ``old`` to ``new``;
+    ``sure`` where it must follow the channels (the check need not vouch for it)."""
+
+    module: str
+    attr: str
+    old: int
+    new: int
+    sure: bool
+
+
 def update_widths(new: nn.Module, graph: ChannelGraph,
-                  group_masks: dict[int, torch.Tensor]) -> list[tuple[str, str, int, int, bool]]:
+                  group_masks: dict[int, torch.Tensor]) -> list[WidthChange]:
     """Integer attributes of ``new``'s modules that held a width the cut changed (a C2f block's
     ``self.c``, timm's ``num_features``), set to the new width where the trace can tell: the
     attribute's value is the width of tensors the module made or split in its own forward (else
@@ -128,6 +140,11 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     forward split or reshaped its channels by (an attention's ``key_dim``, ``head_dim``): those
     must follow them; the others ``prune``'s check vouches for."""
     split = set(graph.split_sizes)
+
+    def change(name: str, attr: str, old: int, value: int, sure: bool) -> None:
+        changed.append(WidthChange(name, attr, old, value, sure))
+        setattr(new.get_submodule(name), attr, value)
+
     def kept(m: Map) -> int:
         return int(graph.mask_of(m, group_masks).sum())
 
@@ -143,8 +160,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
         heads = group_masks.get(graph.find(space))
         module = new.get_submodule(name)
         if heads is not None and not bool(heads.all()) and getattr(module, attr, None) == len(heads):
-            changed.append((name, attr, len(heads), int(heads.sum()), True))  # must follow the heads
-            setattr(module, attr, changed[-1][3])
+            change(name, attr, len(heads), int(heads.sum()), True)  # must follow the heads
     for name, module in new.named_modules():
         if type(module).__module__.startswith("torch.") or is_layer(module):
             continue  # torch's own modules keep no widths but the layers' (set by ``cut``)
@@ -160,8 +176,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
         for attr, value in ints.items():
             if value in groups and len(groups[value]) == 1:  # the groups= it convolved with
                 if groups[value] != {value}:
-                    changed.append((name, attr, value, next(iter(groups[value])), True))
-                    setattr(module, attr, changed[-1][3])
+                    change(name, attr, value, next(iter(groups[value])), True)
                 continue
             side = _side(attr)  # out_channels: the width of what it gives, in_chs: of what it reads
             if side is not None:
@@ -171,8 +186,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
             if found is None or found == {value}:
                 continue
             if len(found) == 1:
-                changed.append((name, attr, value, next(iter(found)), (name, value) in split))
-                setattr(module, attr, changed[-1][3])
+                change(name, attr, value, next(iter(found)), (name, value) in split)
             else:
                 unclear.append(prefix + attr)
     if unclear:
