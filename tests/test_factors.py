@@ -11,10 +11,10 @@ import warnings
 import pytest
 import torch
 from conftest import rel_diff, sparsity_shaped, zeroed
-from slimming.models.layers import is_factor_layer
 from torch import nn
 
 import slimming
+from slimming.models.layers import is_factor_layer
 
 
 class GroupNormHead(nn.Module):
@@ -429,5 +429,9 @@ def test_a_block_whose_cut_fails_the_check_is_kept_whole_and_the_rest_still_cut(
         result = slimming.prune(model, percent=0.3, example_inputs=x[:1], compensate=False)
     assert result.masks["stem.4"].all() and result.masks["attn.norm"].all()  # what it reads: kept
     assert not result.masks["stem.1"].all()  # the rest: cut, exactly
+    *_, retry = result.retries  # what the check refused, in the result as in the warnings:
+    assert [r.kept for r in result.retries] == ["sizes", "block"]  # heads first, then the block
+    assert retry.kept == "block" and retry.modules == ["WidthFromInput"] and retry.failed == "match"
+    assert str(retry).startswith("every WidthFromInput is kept whole: cut, the network did not match")
     with torch.no_grad():
         assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4

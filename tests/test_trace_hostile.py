@@ -855,6 +855,30 @@ def test_cut_heads_false_keeps_heads_and_a_forward_that_fixes_their_width_falls_
         assert outcome(model, example("PSA"), 0.3) == "exact"
 
 
+@pytest.mark.parametrize("verify", [True, False])
+def test_what_the_check_or_the_run_refused_is_in_the_result(verify):
+    """YOLOv10's PSA: heads cut, refused, cut again with them kept; result.retries says so,
+    with what failed (the check's comparison, or the unchecked run); a cut nothing refused
+    has none."""
+    with pytest.warns(UserWarning, match="the channels of block.attn"):
+        result = slimming.prune(build("PSA", 0), percent=0.3, example_inputs=example("PSA"),
+                                compensate=False, verify=verify)
+    (retry,) = result.retries
+    assert retry.kept == "sizes" and "block.attn" in retry.modules
+    assert retry.failed == ("match" if verify else "run") and "fails in" in retry.why
+    from slimming.cli.commands import retried  # slimming prune's line for it
+
+    line = retried(result)
+    by = "check" if verify else "run"
+    assert "\n" not in line and line.startswith(f"cut 2 times: 1 refused (the {by})")
+    assert "block.attn" in line and "heads and sizes kept" in line
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = slimming.prune(build("LayerScale", 0), percent=0.3, example_inputs=example("LayerScale"),
+                               compensate=False, verify=verify)
+    assert plain.retries == []
+
+
 @pytest.mark.parametrize("name", PATTERNS)
 def test_without_the_check_the_same_channels_are_cut_and_the_network_runs(name):
     """verify=False only skips the comparison: the pruned network still runs (one forward; what

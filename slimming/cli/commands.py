@@ -208,6 +208,16 @@ def latency_lines(b: dict) -> str:
     return "\n".join(lines)
 
 
+def retried(result) -> str:
+    """One line: how many cuts the check (or the unchecked run) refused, and what each next
+    cut kept (``result.retries``; the warnings say why)."""
+    kept = "; ".join(f"{', '.join(r.modules[:3])}{' ...' if len(r.modules) > 3 else ''} "
+                     f"({'heads and sizes kept' if r.kept == 'sizes' else 'every one kept whole'})"
+                     for r in result.retries)
+    n, by = len(result.retries), "the check" if result.retries[0].failed == "match" else "the run"
+    return f"cut {n + 1} times: {n} refused ({by}), then {kept}"
+
+
 def cmd_prune(args) -> None:
     out = args.save / "pruned.pth"
     check_output(out, args.overwrite)
@@ -249,6 +259,8 @@ def cmd_prune(args) -> None:
         print(f"widths of {changed} of {len(table)} layers with a scaling factor changed (the file's cfg)")
     else:
         print(f"cfg {result.cfg}")
+    if result.retries:
+        print(retried(result))
     if result.verified is not None:
         print(f"checked: equals the original with the cut channels zeroed (largest relative "
               f"difference {result.verified:.2g} on a random input), before compensation")

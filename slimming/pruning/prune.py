@@ -154,6 +154,8 @@ class PruneResult:
     # a concatenation's reader) counts once; channels the graph keeps (pinned) are not ranked.
     # ``percent`` asks floor(percent * ranked); the limits (min_channels, equal groups) may keep more
     ranked: tuple[int, int] | None = None
+    # cuts the check (or the unchecked run) refused, each a Retry: what the next cut kept, and why
+    retries: list = field(default_factory=list)
 
     def __post_init__(self):
         if not self.masks:
@@ -217,7 +219,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     (default): attention heads (a view of the channels into heads) and splits by sizes a
     module keeps in integer attributes (``split([self.key_dim, ...])``) are cut, those
     attributes set; where the check (or, unchecked, the run) fails they are kept and the prune
-    made again, with one warning; False keeps them from the start. ``compensate`` (default) folds the
+    made again, with one warning; False keeps them from the start (each cut refused so is in
+    ``result.retries``). ``compensate`` (default) folds the
     constant output a cut channel still had (its activation of beta) into the layers that read
     it (``slimming.pruning.repair``); False gives the paper's network exactly. The original
     model is left untouched (every module's train/eval flag too); the new one is on the same
@@ -249,49 +252,26 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
                             "percent or threshold", param=("target_flops", "target_params"))
 
     whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
-
-    def attempt(follow_sizes: bool, kept: tuple = ()) -> PruneResult:
-        plan = _traced_plan(model, importance, example, ignore, (*whole, *kept), follow_sizes) if traced \
-            else _family_plan(model, importance)
-        cut_limits = dict(limits)  # round_to="auto": this plan's groups' step widths
-        if round_to == "auto" and target_latency is None:
-            cut_limits["round_to"] = estimate.step_widths(model, plan, as_inputs(example), latency_model,
-                                                          limits)
-        if target_latency is not None:
-            result = speed.search(model, plan, as_inputs(example), target_latency, limits, latency_model,
-                                  checked=True)
-        elif budgeted:  # a cut that does not run: the check's (or, unchecked, the run's) to refuse
-            result = budget.search(model, plan, example, target_flops, target_params, cut_limits,
-                                   checked=True)
-        else:
-            masks, cut_at, guarded = select(plan.scores, percent, threshold, **cut_limits)
-            result = plan.build(masks, cut_at, guarded)
-        try:
-            if verify:
-                result.verified = _checked(model, result, example)
-            else:  # unchecked: only the sure widths stay, and the network must run
-                if any(not change.sure for change in result.widths):
-                    _settle(result, lambda: None, keep=lambda change: change.sure)
-                runs(result, example)
-        except GraphError as e:
-            failed = "match" if verify else "run"
-            if plan.sized:
-                warnings.warn(f"the channels of {listed(plan.sized)} are kept: cut, the network did "
-                              f"not {failed} ({first_line(e, 160)}); its forward reads widths the cut "
-                              "cannot set", stacklevel=3)
-                return attempt(False, kept)
-            block = _block_of(model, getattr(e, "module", None))
-            if not traced or block is None or block in kept or len(kept) >= 3:
-                raise
-            warnings.warn(f"every {block.__name__} is kept whole: cut, the network did not {failed} "
-                          f"({first_line(e, 160)})", stacklevel=3)
-            return attempt(follow_sizes, (*kept, block))
-        return result
-
+    how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
+               target_latency=target_latency, latency_model=latency_model)
+    # heads and splits by sizes held in attributes are followed unless cut_heads is False
+    follow_sizes, kept, retries = traced and cut_heads, (), []
     with modes_kept(model):
-        # attention heads and splits by sizes held in attributes are followed unless cut_heads
-        # is False; where the check (or the unchecked run) fails they are kept
-        result = attempt(traced and cut_heads)
+        while True:  # plan, cut, check; where the check refuses, keep what failed and again
+            plan = _traced_plan(model, importance, example, ignore, (*whole, *kept), follow_sizes) \
+                if traced else _family_plan(model, importance)
+            result = _cut(model, plan, example, limits, **how)
+            failure = _vouch(model, result, example, verify)
+            if failure is None:
+                break
+            retry = _retry(model, failure, plan, follow_sizes, kept, traced, verify)
+            warnings.warn(str(retry), stacklevel=2)
+            retries.append(retry)
+            if retry.kept == "sizes":
+                follow_sizes = False
+            else:
+                kept = (*kept, retry.block)
+        result.retries = retries
         if traced and models.family(getattr(model, "arch", None)) is not None:
             _as_family(model, result)
         for note in (little_sparsity(model, result), nearly_emptied(result)):
@@ -301,6 +281,73 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
             result.compensation = repair.compensate(model, result, example)
         fold(result.model)  # gates (slimming.add_gates) into the layers they feed: no extra module
     return result
+
+
+@dataclass
+class Retry:
+    """A cut the check (or, with ``verify=False``, the run) refused, and what the next cut
+    kept: ``kept`` "sizes" (the heads and size splits of the ``modules`` named) or "block"
+    (every module of the type ``block``, named in ``modules``); ``why``: the failure, in one
+    line; ``failed``: "match" (the check) or "run" (the unchecked run). ``str()``: the warning."""
+
+    kept: str
+    modules: list[str]
+    why: str
+    failed: str = "match"
+    block: type | None = None
+
+    def __str__(self) -> str:
+        failed = f"cut, the network did not {self.failed} ({self.why})"
+        if self.kept == "sizes":
+            return f"the channels of {listed(self.modules)} are kept: {failed}; its forward reads widths " \
+                "the cut cannot set"
+        return f"every {self.modules[0]} is kept whole: {failed}"
+
+
+def _cut(model: nn.Module, plan, example, limits: dict, *, percent, threshold, target_flops,
+         target_params, target_latency, latency_model) -> PruneResult:
+    """The pruned network ``plan`` gives for the amount asked: a share or a threshold of the
+    ranked channels (``select``), a FLOPs or parameter budget (``budget``), or a latency
+    (``speed``). A budget's candidate that does not run is returned for the check to refuse."""
+    inputs = as_inputs(example)
+    if target_latency is not None:
+        return speed.search(model, plan, inputs, target_latency, limits, latency_model, checked=True)
+    cut_limits = dict(limits)
+    if limits["round_to"] == "auto":  # this plan's groups' step widths
+        cut_limits["round_to"] = estimate.step_widths(model, plan, inputs, latency_model, limits)
+    if target_flops is not None or target_params is not None:
+        return budget.search(model, plan, example, target_flops, target_params, cut_limits, checked=True)
+    masks, cut_at, guarded = select(plan.scores, percent, threshold, **cut_limits)
+    return plan.build(masks, cut_at, guarded)
+
+
+def _vouch(model: nn.Module, result: PruneResult, example, verify: bool) -> GraphError | None:
+    """The check (``verify``: ``result.verified`` set) or, unchecked, one run of the pruned
+    network with only its sure widths set; the GraphError where it refuses, else None."""
+    try:
+        if verify:
+            result.verified = _checked(model, result, example)
+        else:
+            if any(not change.sure for change in result.widths):
+                _settle(result, lambda: None, keep=lambda change: change.sure)
+            runs(result, example)
+    except GraphError as e:
+        return e
+    return None
+
+
+def _retry(model: nn.Module, failure: GraphError, plan, follow_sizes: bool, kept: tuple, traced: bool,
+           verify: bool) -> Retry:
+    """What to keep for the next cut after ``failure``: the sizes the plan followed, else the
+    block (the type of the innermost module of the user's code) the failure names, for at most
+    three blocks; the failure itself where there is nothing left to keep."""
+    failed, why = "match" if verify else "run", first_line(failure, 160)
+    if plan.sized and follow_sizes:
+        return Retry("sizes", list(plan.sized), why, failed)
+    block = _block_of(model, getattr(failure, "module", None))
+    if not traced or block is None or block in kept or len(kept) >= 3:
+        raise failure
+    return Retry("block", [block.__name__], why, failed, block)
 
 
 def _criterion(importance) -> Importance:
