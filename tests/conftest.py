@@ -9,12 +9,12 @@ import zlib
 
 import pytest
 import torch
-from slimming.models.layers import is_factor_layer
-from slimming.models.vgg import DEFAULT_CFGS
 from torch import nn
 
 from slimming import models
 from slimming.measure import latency
+from slimming.models.layers import is_factor_layer
+from slimming.models.vgg import DEFAULT_CFGS
 
 TINY_VGG = [8, "M", 16, "M", 16, 16, "M", 24, "M", 24]  # 32x32 in, fast on a CPU
 

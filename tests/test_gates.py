@@ -9,12 +9,12 @@ import re
 import pytest
 import torch
 from conftest import rel_diff, sparsity_shaped, zeroed
-from slimming.models.gates import fold, gated_layers
-from slimming.models.layers import ChannelGate, HeadGate
 from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, cut_at_random
 from torch import nn
 
 import slimming
+from slimming.models.gates import fold, gated_layers
+from slimming.models.layers import ChannelGate, HeadGate
 from slimming.pruning.graph import GraphError
 from slimming.pruning.verify import TOLERANCE, check
 

@@ -1,9 +1,9 @@
 import pytest
 import torch
-from slimming.models.vgg import DEFAULT_CFGS
 from torch import nn
 
 from slimming import count_params, models
+from slimming.models.vgg import DEFAULT_CFGS
 
 
 @pytest.mark.parametrize("depth", sorted(DEFAULT_CFGS))

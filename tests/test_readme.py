@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from slimming.models import layers
 
 import slimming
+from slimming.models import layers
 from slimming.pruning import speed
 
 ROOT = Path(__file__).resolve().parents[1]

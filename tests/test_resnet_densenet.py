@@ -8,11 +8,11 @@ import warnings
 import pytest
 import torch
 from conftest import randomize_bn
-from slimming.models.common import ChannelSelect
 from test_prune import rel_diff, zeroed_reference
 from torch import nn
 
 from slimming import BNSparsity, checkpoint_dict, count_params, load_model, models, prune, save_checkpoint
+from slimming.models.common import ChannelSelect
 from slimming.pruning.prune import copy_sliced_weights
 
 SMALL = [("preresnet", 11), ("preresnet", 20), ("densenet", 10), ("densenet", 16)]

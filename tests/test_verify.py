@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import rel_diff, sparsity_shaped, zeroed
-from slimming.models import layers
 from test_trace import cbr
 from test_trace_hostile import PATTERNS, example, plain, run
 from torch import nn
 
 import slimming
+from slimming.models import layers
 from slimming.pruning import ops
 from slimming.pruning.graph import GraphError
 
