@@ -29,7 +29,7 @@ API = {
     "count_flops": "measure.stats", "count_params": "measure.stats", "model_stats": "measure.stats",
     "LayerRule": "models.layers", "register_layer": "models.layers",
     "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
-    "add_gates": "pruning.gates",
+    "add_gates": "pruning.gates", "register_op": "pruning.trace",
     "prunable_bns": "pruning.select", "prunable_factors": "pruning.select",
     "BNSparsity": "training.sparsity", "Sparsity": "training.sparsity",
     "add_l1_subgradient": "training.sparsity",
@@ -105,7 +105,7 @@ sys.meta_path.append(_OldPaths())
 sys.modules[__name__].__class__ = _Package
 
 __all__ = ["__version__", "BNSparsity", "Sparsity", "add_gates", "importance", "CheckpointError", "DataError",
-           "LayerRule", "PruneResult", "SlimmingError", "register_layer",
+           "LayerRule", "PruneResult", "SlimmingError", "register_layer", "register_op",
            "add_l1_subgradient", "channel_masks", "checkpoint_dict", "count_flops", "count_params",
            "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prunable_factors",
            "prune", "save_checkpoint", "save_pruned"]

@@ -314,3 +314,45 @@ def test_a_registration_is_undone_by_remove_or_at_the_end_of_a_with_block():
     first.remove()
     first.remove()  # twice: nothing more
     assert (dict(layers.RULES), dict(layers.MODULE_RULES)) == before
+
+
+@torch.library.custom_op("slimming_tests::swish", mutates_args=())
+def _swish(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.sigmoid(x)
+
+
+@_swish.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class CustomOpNet(nn.Module):
+    """A network calling a custom op of its own (torch.library), between a BatchNorm and the
+    next convolution: the trace does not know it until register_op says what it is like."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16))
+        self.b = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        return self.b(torch.ops.slimming_tests.swish(self.a(x)))
+
+
+def test_an_op_of_your_own_is_followed_as_the_op_it_is_like():
+    model = CustomOpNet().eval()
+    sparsity_shaped(model, 3)
+    x = torch.randn(2, 3, 8, 8)
+    with pytest.raises(slimming.SlimmingError, match="swish .an op it does not know"):
+        slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)  # kept: nothing to cut
+    with slimming.register_op("swish", like="silu") as name:
+        assert name == "swish"
+        result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+    assert result.model.b.in_channels == int(result.masks["a.1"].sum()) < 16
+    assert_exact(model, result, x)
+    with pytest.raises(slimming.SlimmingError, match="swish .an op it does not know"):
+        slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)  # undone at the end
+    with pytest.raises(slimming.SlimmingError, match="not an op the trace knows"):
+        slimming.register_op("swish", like="no_such_op")
+    with pytest.raises(slimming.SlimmingError, match="an op the trace does not know"):
+        slimming.register_op("relu", like="silu")

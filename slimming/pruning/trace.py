@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from ..errors import first_line
+from ..errors import SlimmingError, first_line
 from ..models.layers import RULES, is_layer, module_kind
 from ..utils.modules import modes_kept
 from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names
@@ -436,6 +436,7 @@ class _Walk(ChannelOps):
             if isinstance(out, torch.Tensor) and op != "setitem":
                 self.set(out, None)  # a fresh tensor from constants, or one overwritten by them
             return
+        op = OP_ALIASES.get(op, op)  # an op of your own, followed as the known one it is like
         rule = DISPATCH.get(op)
         if rule is None:
             return self.opaque(op, "an op it does not know", [m for _, m in inputs], out)
@@ -701,6 +702,48 @@ def _dispatch() -> dict[str, str]:
 
 
 DISPATCH = _dispatch()
+OP_ALIASES: dict[str, str] = {}  # an op's name -> the known op it is followed as (register_op)
+
+
+class RegisteredOp(str):
+    """What ``register_op`` returns: the op's name (a ``str``), and the way back: ``remove()``,
+    or the end of a ``with`` block; a previous registration of the name comes back."""
+
+    def __new__(cls, name: str, before: str | None):
+        self = super().__new__(cls, name)
+        self._before, self._removed = before, False
+        return self
+
+    def remove(self) -> None:
+        if not self._removed:
+            self._removed = True
+            if self._before is None:
+                OP_ALIASES.pop(str(self), None)
+            else:
+                OP_ALIASES[str(self)] = self._before
+
+    def __enter__(self) -> RegisteredOp:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+
+def register_op(name: str, like: str) -> RegisteredOp:
+    """Follow the torch op ``name`` (a ``torch.library`` custom op's name, ``"swish"`` for
+    ``mylib::swish``, or any torch function the trace does not know) as the known op ``like``
+    (``"silu"``: element-wise, a zero stays zero if it does on a zero; ``"add"``: a sum that ties
+    its inputs; ``"cat"``, ``"view"``, ...): without it, an op the trace does not know keeps every
+    channel it reads. Returns a handle: ``.remove()`` or a ``with`` block undoes it."""
+    if not isinstance(name, str) or not name or name in DISPATCH:
+        raise SlimmingError(f"register_op takes the name of an op the trace does not know, not {name!r}",
+                            param="name")
+    if like not in DISPATCH:
+        raise SlimmingError(f"register_op: {like!r} is not an op the trace knows (like='silu', 'add', "
+                            "'cat', 'view', ...)", param="like")
+    before = OP_ALIASES.get(name)
+    OP_ALIASES[name] = like
+    return RegisteredOp(name, before)
 
 
 def _pads_around(op: str, args, kwargs, x: torch.Tensor, d: int) -> bool:
