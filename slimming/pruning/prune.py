@@ -14,6 +14,12 @@ layers read shared tensors) cuts per BN exactly the weights the family lists
 (``channel_slices()``). The traced path on VGG and NIN gives the same channels and outputs as
 their surgery (tested): each checks the other. Then ``repair`` folds what the cut channels
 still gave into the layers that read them.
+
+``prune`` itself is a pipeline: plan (the groups, scored), cut (``_cut``: by share, threshold
+or budget), vouch (``_vouch``: the check, or with ``verify=False`` one run of the pruned
+network), and where that refuses, keep what failed (``_retry``: the heads and size splits, then
+a block's type) and cut again; each refusal is a ``Retry`` in ``result.retries``. Then the
+family's cfg, the warnings, compensation and the gates folded away.
 """
 
 from __future__ import annotations
