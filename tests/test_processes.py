@@ -41,6 +41,13 @@ def temporaries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if ".tmp" in p.name)
 
 
+def interruptible() -> None:
+    """In the child, before it starts: SIGINT as a terminal delivers it. A suite started in the
+    background of a script inherits SIGINT ignored (the shell's rule for background jobs), and a
+    Python started so never raises KeyboardInterrupt: the ^C these tests send would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def wait_for(predicate, proc, seconds=60.0) -> None:
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -168,7 +175,8 @@ def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, checkpoint, pipel
     (tmp_path / "slow.py").write_text(SLOW_RENAME)
     marker = tmp_path / "renaming"
     proc = subprocess.Popen([sys.executable, str(tmp_path / "slow.py"), str(marker), *map(str, argv)],
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=interruptible)
     wait_for(marker.exists, proc)
     assert temporaries(out)  # the finished temporary file is there, waiting to be renamed
     proc.send_signal(sig)
