@@ -302,7 +302,9 @@ def _fingerprint(t: torch.Tensor) -> torch.Tensor:
     signs), so that, against the square root of the first, it measures any change (values
     moved to other positions too) alike at every size."""
     t = t.detach().flatten().float()
-    signs = _SIGNS.get(t.device, torch.zeros(0, device=t.device))
+    signs = _SIGNS.get(t.device)
+    if signs is None:
+        signs = torch.zeros(0, device=t.device)
     if len(signs) < t.numel():  # chunk i from seed i: the same signs at a position, however many
         more = [(torch.randint(0, 2, (_CHUNK,), generator=torch.Generator().manual_seed(i)) * 2 - 1).float()
                 for i in range(len(signs) // _CHUNK, -(-t.numel() // _CHUNK))]
