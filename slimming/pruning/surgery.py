@@ -134,8 +134,8 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     ``self.c``, timm's ``num_features``), set to the new width where the trace can tell: the
     attribute's value is the width of tensors the module made or split in its own forward (else
     of its inputs and outputs, else of its children's), and all of those were cut alike. Those
-    it cannot tell are named in one warning. Returns what it set: (module, attribute, old
-    value, new value, sure): ``sure`` where the value is the ``groups`` of a depthwise
+    it cannot tell are named in one warning. Returns what it set, as ``WidthChange`` records:
+    ``sure`` where the value is the ``groups`` of a depthwise
     convolution the module's forward called on those channels (a blur filter's), or a size its
     forward split or reshaped its channels by (an attention's ``key_dim``, ``head_dim``): those
     must follow them; the others ``prune``'s check vouches for."""
