@@ -265,39 +265,39 @@ def factor_width(module: nn.Module) -> int:
     return shape[0] if shape else module.weight.numel()
 
 
-class Registered(str):
-    """What ``register_layer`` returns: the kind's name (a ``str``), and the way back, as
-    torch's hook handles give it: ``remove()`` puts the tables as they were before this
-    registration (a rule it replaced comes back), and ``with register_layer(...):`` removes it
-    when the block ends. Removing twice does nothing."""
+class Registration(str):
+    """What ``register_layer`` and ``register_op`` return: the name registered (a ``str``), and
+    the way back, as torch's hook handles give it: ``remove()`` puts every table entry the
+    registration set as it was before (a rule it replaced comes back), and a ``with`` block
+    removes it when the block ends. Removing twice does nothing. ``entries``: (table, key, the
+    value before, or None where there was none)."""
 
-    def __new__(cls, name: str, module_type: type, before: tuple):
+    def __new__(cls, name: str, entries: list[tuple[dict, object, object]]):
         self = super().__new__(cls, name)
-        self.module_type, self._before, self._removed = module_type, before, False
+        self._entries, self._removed = entries, False
         return self
 
     def remove(self) -> None:
         if self._removed:
             return
         self._removed = True
-        rule, kind = self._before
-        for table, key, value in ((RULES, str(self), rule), (MODULE_RULES, self.module_type, kind)):
-            if value is None:
+        for table, key, before in self._entries:
+            if before is None:
                 table.pop(key, None)
             else:
-                table[key] = value
+                table[key] = before
 
-    def __enter__(self) -> Registered:
+    def __enter__(self) -> Registration:
         return self
 
     def __exit__(self, *exc) -> None:
         self.remove()
 
 
-def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> Registered:
+def register_layer(module_type: type, rule: LayerRule, name: str | None = None) -> Registration:
     """Follow modules of ``module_type`` (and its subclasses) whole, as one layer cut by
     ``rule``: the trace does not look inside them. Returns the kind's name (default: the class
-    name), under which the rule is in ``RULES``, as a ``Registered``: ``.remove()`` undoes the
+    name), under which the rule is in ``RULES``, as a ``Registration``: ``.remove()`` undoes the
     registration, and ``with slimming.register_layer(T, rule):`` keeps it to the block (prune,
     save and load a pruned network inside it; the rule is process-wide while it holds).
     Registering the same class again replaces its rule (a notebook cell run twice)."""
@@ -311,10 +311,11 @@ def register_layer(module_type: type, rule: LayerRule, name: str | None = None) 
              and getattr(t, "__qualname__", t) != module_type.__qualname__]
     if (name in RULES and name not in MODULE_RULES.values()) or taken:
         raise SlimmingError(f"the layer kind {name!r} is taken; pass name=", param="name")
-    before = (RULES.get(name), MODULE_RULES.get(module_type))
+    registration = Registration(name, [(RULES, name, RULES.get(name)),
+                                       (MODULE_RULES, module_type, MODULE_RULES.get(module_type))])
     RULES[name] = rule
     MODULE_RULES[module_type] = name
-    return Registered(name, module_type, before)
+    return registration
 
 
 def module_kind(module: nn.Module) -> str | None:

@@ -39,7 +39,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import SlimmingError, first_line
-from ..models.layers import RULES, is_layer, module_kind
+from ..models.layers import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names
 from .ops import (
@@ -705,31 +705,7 @@ DISPATCH = _dispatch()
 OP_ALIASES: dict[str, str] = {}  # an op's name -> the known op it is followed as (register_op)
 
 
-class RegisteredOp(str):
-    """What ``register_op`` returns: the op's name (a ``str``), and the way back: ``remove()``,
-    or the end of a ``with`` block; a previous registration of the name comes back."""
-
-    def __new__(cls, name: str, before: str | None):
-        self = super().__new__(cls, name)
-        self._before, self._removed = before, False
-        return self
-
-    def remove(self) -> None:
-        if not self._removed:
-            self._removed = True
-            if self._before is None:
-                OP_ALIASES.pop(str(self), None)
-            else:
-                OP_ALIASES[str(self)] = self._before
-
-    def __enter__(self) -> RegisteredOp:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
-
-
-def register_op(name: str, like: str) -> RegisteredOp:
+def register_op(name: str, like: str) -> Registration:
     """Follow the torch op ``name`` (a ``torch.library`` custom op's name, ``"swish"`` for
     ``mylib::swish``, or any torch function the trace does not know) as the known op ``like``
     (``"silu"``: element-wise, a zero stays zero if it does on a zero; ``"add"``: a sum that ties
@@ -741,9 +717,9 @@ def register_op(name: str, like: str) -> RegisteredOp:
     if like not in DISPATCH:
         raise SlimmingError(f"register_op: {like!r} is not an op the trace knows (like='silu', 'add', "
                             "'cat', 'view', ...)", param="like")
-    before = OP_ALIASES.get(name)
+    registration = Registration(name, [(OP_ALIASES, name, OP_ALIASES.get(name))])
     OP_ALIASES[name] = like
-    return RegisteredOp(name, before)
+    return registration
 
 
 def _pads_around(op: str, args, kwargs, x: torch.Tensor, d: int) -> bool:

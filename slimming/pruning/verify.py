@@ -89,14 +89,8 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
                 model.eval()
         with fingerprints(original, kept) as theirs:
             want = leaves(original(*inputs))
-        try:
-            try:
-                with fingerprints(pruned) as ours:
-                    got = leaves(pruned(*inputs))
-            except Exception:  # noqa: BLE001 (once more with hooks, to name the module)
-                got = leaves(_run_named(pruned, inputs))
-        except _Failed as e:
-            raise fails(e) from None
+        with fingerprints(pruned) as ours:
+            got = leaves(_forward(pruned, inputs))
         diff = difference(got, want)
         if diff <= tolerance:
             inner = first_inner_difference(ours, theirs, tolerance)
@@ -118,21 +112,22 @@ def runs(result, example) -> None:
     it fails in where it does not, as ``check`` says it."""
     pruned = result.model
     with modes_kept(pruned):
-        pruned.eval()
-        inputs = probe_like(example)
-        try:
-            try:
-                pruned(*inputs)
-            except Exception:  # noqa: BLE001 (once more with hooks, to name the module)
-                _run_named(pruned, inputs)
-        except _Failed as e:
-            raise fails(e) from None
+        _forward(pruned.eval(), probe_like(example))
 
 
-def fails(e: _Failed) -> GraphError:
-    return named(GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
-                            f"({e.error}); please report the network, and list that module in "
-                            "keep_whole= meanwhile"), e.module)
+def _forward(pruned: nn.Module, inputs: tuple):
+    """``pruned(*inputs)``; where it fails, GraphError naming the module it failed in (found by
+    running it once more with hooks)."""
+    try:
+        return pruned(*inputs)
+    except Exception:  # noqa: BLE001 (any failure of the pruned network is reported)
+        pass
+    try:
+        return _run_named(pruned, inputs)
+    except _Failed as e:
+        raise named(GraphError(f"slimming refused its own cut: the pruned network fails in {e.module} "
+                               f"({e.error}); please report the network, and list that module in "
+                               "keep_whole= meanwhile"), e.module) from None
 
 
 def differs(diff: float, where: str) -> GraphError:
