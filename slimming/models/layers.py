@@ -53,6 +53,11 @@ class LayerRule:
     scores: bool = False
     grouped: bool = False
     normalises: bool = False
+    modules: tuple[type | str, ...] = ()
+    calls: tuple[str, ...] = ()
+    positions: tuple[tuple[str, int], ...] = ()
+    last: bool = False
+    shifts: bool = False
 
     def cut(self, module: nn.Module, keep: dict[str, torch.Tensor], attrs: dict[str, str] | None = None,
             groups: int = 1) -> None:
@@ -203,55 +208,62 @@ class HeadGate(ChannelGate):
         return f"{self.weight.numel()} heads, dim={self.dim}"
 
 
+_CONV = (("weight", 1), ("bias", 2))  # where F.convNd / F.linear take a layer's tensors
+_NORM = (("running_mean", 1), ("running_var", 2), ("weight", 3), ("bias", 4))  # F.batch_norm's
+_AFFINE = (("weight", 2), ("bias", 3))  # F.group_norm's, F.layer_norm's
 RULES: dict[str, LayerRule] = {
-    "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
-                     widths={"in_channels": "in", "out_channels": "out"}),
     "convt": LayerRule(reads={"weight": 0}, makes={"weight": 1, "bias": 0},
-                       widths={"in_channels": "in", "out_channels": "out"}),
+                       widths={"in_channels": "in", "out_channels": "out"},
+                       modules=(nn.modules.conv._ConvTransposeNd,),
+                       calls=("conv_transpose1d", "conv_transpose2d", "conv_transpose3d"), positions=_CONV),
+    "conv": ConvRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, grouped=True,
+                     widths={"in_channels": "in", "out_channels": "out"}, modules=(nn.modules.conv._ConvNd,),
+                     calls=("conv1d", "conv2d", "conv3d"), positions=_CONV),
     "linear": LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0},
-                        widths={"in_features": "in", "out_features": "out"}),
+                        widths={"in_features": "in", "out_features": "out"}, modules=(nn.Linear,),
+                        calls=("linear",), positions=_CONV, last=True),
+    # a convolution of groups == channels, known at its call: cut with the channels it carries
     "depthwise": LayerRule(carries={"weight": 0, "bias": 0},
                            widths={"in_channels": "channels", "out_channels": "channels",
                                    "groups": "channels"}),
-    "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True),
-    "frozen_bn": LayerRule(carries=BN_TENSORS),  # torchvision's FrozenBatchNorm2d: not trained
-    "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}),
+    "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True,
+                    modules=(nn.modules.batchnorm._BatchNorm,), calls=("batch_norm",), positions=_NORM,
+                    shifts=True),
+    # torchvision's FrozenBatchNorm2d: not trained, followed whole
+    "frozen_bn": LayerRule(carries=BN_TENSORS, modules=("FrozenBatchNorm2d",)),
+    "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"},
+                               modules=(nn.modules.instancenorm._InstanceNorm,), calls=("instance_norm",),
+                               positions=_NORM),
     "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"},
-                                gated=True, scores=True),
+                                gated=True, scores=True, modules=(nn.GroupNorm,), calls=("group_norm",),
+                                positions=_AFFINE),
     # a LayerNorm is known by the layer_norm it calls (timm's LayerNorm2d permutes around it);
-    # an RMSNorm is followed whole (MODULE_RULES): both are this one rule
-    "layer_norm": LayerRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True, normalises=True),
-    "rms_norm": LayerRule(carries={"weight": 0}, gated=True, scores=True, normalises=True),
+    # an RMSNorm is followed whole: both are this one rule
+    "layer_norm": LayerRule(carries={"weight": 0, "bias": 0}, gated=True, scores=True, normalises=True,
+                            modules=(nn.LayerNorm,), calls=("layer_norm",), positions=_AFFINE, last=True),
+    "rms_norm": LayerRule(carries={"weight": 0}, gated=True, scores=True, normalises=True,
+                          modules=(nn.RMSNorm,)),
     "scale": ScaleRule(),
-    "gate": LayerRule(carries={"weight": 0}, gated=True, scores=True),
+    "gate": LayerRule(carries={"weight": 0}, gated=True, scores=True, modules=(ChannelGate,)),
     # one weight per head: the trace gives it the heads' own space (``slimming.pruning.trace``)
-    "head_gate": LayerRule(carries={"weight": 0}, scores=True),
+    "head_gate": LayerRule(carries={"weight": 0}, scores=True, modules=(HeadGate,)),
 }
-# type (or class name) -> kind
-MODULE_RULES: dict[type | str, str] = {"FrozenBatchNorm2d": "frozen_bn", ChannelGate: "gate",
-                                       HeadGate: "head_gate", nn.RMSNorm: "rms_norm"}
-_RESIZED = ((nn.modules.conv._ConvNd, None), (nn.modules.batchnorm._BatchNorm, "bn"), (nn.Linear, "linear"),
-            (nn.modules.instancenorm._InstanceNorm, "instance_norm"), (nn.GroupNorm, "group_norm"),
-            (nn.LayerNorm, "layer_norm"))
-
-
-# the layers whose per-channel scale network slimming ranks and trains sparse (its "scaling
-# factors"): besides these, any kind whose rule ``scores`` (a registered layer)
-FACTOR_TYPES: tuple[type, ...] = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+# type (or class name) -> kind: every rule's ``modules``, and the types registered
+MODULE_RULES: dict[type | str, str] = {t: kind for kind, rule in RULES.items() for t in rule.modules}
 
 
 def is_factor_layer(module: nn.Module) -> bool:
-    """Whether ``module``'s per-channel ``weight`` is a slimming factor: a BatchNorm, a
-    GroupNorm (scored by whole groups), a LayerNorm over one dim (the channels: ConvNeXt's, a
-    transformer's embedding), or a registered kind whose rule ``scores``; a frozen BatchNorm
-    (not trained) is not."""
-    kind = module_kind(module)
-    if kind is not None:
-        rule, weight = RULES[kind], getattr(module, "weight", None)
-        return rule.scores and isinstance(weight, torch.Tensor) and (not rule.normalises or weight.dim() == 1)
-    if isinstance(module, nn.LayerNorm):
-        return len(module.normalized_shape) == 1
-    return isinstance(module, FACTOR_TYPES)
+    """Whether ``module``'s per-channel ``weight`` is a slimming factor (the paper's scaling
+    factors, ranked and trained sparse): a layer whose rule ``scores`` (a BatchNorm, a GroupNorm
+    scored by whole groups, a LayerNorm or RMSNorm over one dim, a gate, a registered kind); a
+    frozen BatchNorm (not trained) is not."""
+    kind = layer_kind(module)
+    if kind is None or not RULES[kind].scores:
+        return False
+    weight, shape = getattr(module, "weight", None), getattr(module, "normalized_shape", None)
+    if RULES[kind].calls:  # a built-in kind, known by type (a weightless one is no factor: skipped)
+        return not RULES[kind].normalises or len(shape) == 1
+    return isinstance(weight, torch.Tensor) and (not RULES[kind].normalises or weight.dim() == 1)
 
 
 def factor_width(module: nn.Module) -> int:
@@ -318,27 +330,30 @@ def register_layer(module_type: type, rule: LayerRule, name: str | None = None) 
     return registration
 
 
-def module_kind(module: nn.Module) -> str | None:
-    """The kind a module is followed whole as (a registered type, or a frozen BatchNorm)."""
+def layer_kind(module: nn.Module) -> str | None:
+    """The kind of layer ``module`` is, by its type (the first of its classes, most derived
+    first, that a rule's ``modules`` or a registration names), or None."""
     for cls in type(module).__mro__:
         if cls in MODULE_RULES:
             return MODULE_RULES[cls]
     return MODULE_RULES.get(type(module).__name__)
 
 
+def module_kind(module: nn.Module) -> str | None:
+    """The kind a module is followed whole as: a layer whose rule has no ``calls`` to know it
+    by (a registered type, a frozen BatchNorm, an RMSNorm, a gate)."""
+    kind = layer_kind(module)
+    return kind if kind is not None and not RULES[kind].calls else None
+
+
 def is_layer(module: nn.Module) -> bool:
     """Whether ``module`` is a layer some rule cuts (the trace names those it never reached)."""
-    return module_kind(module) is not None or isinstance(module, tuple(t for t, _ in _RESIZED))
+    return layer_kind(module) is not None
 
 
 def resize_layer(module: nn.Module, state_dict: dict, prefix: str, path: str) -> None:
     """``module`` given the widths its tensors have in ``state_dict``, by the rule of its kind."""
-    kind = module_kind(module)
-    if kind is None:
-        for cls, name in _RESIZED:
-            if isinstance(module, cls):
-                kind = name or ("convt" if getattr(module, "transposed", False) else "conv")
-                break
+    kind = layer_kind(module)
     if kind is not None:
         if kind == "convt" and getattr(module, "groups", 1) != 1:
             w = state_dict.get(prefix + "weight")

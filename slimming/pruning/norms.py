@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..models.layers import RULES, module_kind
+from ..models.layers import RULES, layer_kind
 from .ops import arg, op_name
 
 
@@ -75,13 +75,15 @@ def kept_statistics(model: nn.Module, masks: dict[str, torch.Tensor]):
             m = model.get_submodule(name)
             if bool(mask.all()) or getattr(m, "weight", None) is None:
                 continue
-            kind = module_kind(m)
-            if kind is not None and RULES[kind].normalises:
+            kind = layer_kind(m)
+            if kind is None or not RULES[kind].normalises:
+                continue
+            if not RULES[kind].calls:  # followed whole (an RMSNorm): its forward, over the kept
                 cut = copy.deepcopy(m)
                 RULES[kind].cut(cut, {"channels": mask.to(m.weight.device)})
                 replaced.append((m, m.__dict__.get("forward")))
                 m.forward = _over_kept(m.forward, cut, mask)
-            elif isinstance(m, nn.LayerNorm):
+            else:  # known by its call (F.layer_norm): that call, over the kept
                 keep[id(m.weight)] = mask
         if not keep:
             yield model

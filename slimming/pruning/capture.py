@@ -1,0 +1,151 @@
+"""``capture``: one real forward of a network, told as it runs: every module entered and left,
+and every torch function and tensor method called with its real arguments and result. This is
+the record the trace's passes read (``slimming.pruning.trace`` follows the channels through
+it); it knows nothing of channels, as torch.fx's tracer knows nothing of the interpreters that
+read its graph.
+
+Why a ``TorchFunctionMode`` rather than torch.fx or the autograd graph: a real forward follows
+any Python the network's authors wrote (loops and lists over ``chunk``, shape checks, layers
+picked by index, dict and nested outputs), which torch.fx refuses; every torch function and
+tensor method is seen with its real arguments (``dim``, slice bounds, split sizes), which the
+autograd graph does not keep, and no graph of gradients is built.
+
+The record is handed to a ``Listener`` call by call, not kept: a forward's tensors are freed as
+it goes, and a later in-place op cannot change what an earlier call is seen to have done. Inside
+a *leaf* module (one followed whole by its rule, as torch.fx's ``is_leaf_module``) the calls are
+not told. An all-zero example carries no values to follow, so there a convolution gives zeros
+of the shape it would give, without its arithmetic (most of a forward's time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..errors import first_line
+
+_SHORTCUT = {torch.conv1d, torch.conv2d, torch.conv3d}
+
+
+class Call(NamedTuple):
+    """One torch function or tensor method the forward called, after it ran."""
+
+    func: Callable
+    args: tuple
+    kwargs: dict
+    out: Any
+
+
+class Listener(Protocol):
+    """What reads the record: a module entered (before its forward) and left (after it), with
+    its inputs and output, and every call in between (but those inside a leaf module)."""
+
+    def enter(self, name: str, module: nn.Module, args: tuple) -> None: ...
+
+    def leave(self, name: str, module: nn.Module, args: tuple, out: Any) -> None: ...
+
+    def call(self, call: Call) -> None: ...
+
+
+class CaptureError(Exception):
+    """The model did not run on the inputs: the message says with which shapes, and why."""
+
+
+def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool = False,
+            leaf: Callable[[nn.Module], bool] = lambda m: False) -> Any:
+    """Run ``model(*inputs)`` without gradients in training or eval mode (the caller restores
+    the flag), telling ``listener`` what ran; returns the output. A training forward's changes
+    to buffers (BatchNorm statistics) are undone. An error the listener raises passes as it is;
+    one of the model's is a ``CaptureError``."""
+    depth = [0]  # > 0 inside a leaf module
+    hooks, saved = [], [(b, b.clone()) for b in model.buffers()] if training else []
+
+    def enter(name: str, m: nn.Module):
+        is_leaf = leaf(m)
+
+        def hook(module, args):
+            _told(listener.enter, name, module, args)
+            depth[0] += is_leaf
+        return hook
+
+    def leave(name: str, m: nn.Module):
+        is_leaf = leaf(m)
+
+        def hook(module, args, out):
+            depth[0] -= is_leaf
+            _told(listener.leave, name, module, args, out)
+        return hook
+
+    blank = not any(bool(t.any()) for t in inputs if isinstance(t, torch.Tensor))
+    try:
+        for name, m in model.named_modules():
+            hooks.append(m.register_forward_pre_hook(enter(name, m)))
+            hooks.append(m.register_forward_hook(leave(name, m)))
+        model.train(training)
+        try:
+            with torch.no_grad(), _Mode(listener, depth, blank):
+                return model(*inputs)
+        except _Passed as e:
+            raise e.error from None
+        except Exception as e:
+            shapes = ", ".join(str(tuple(t.shape)) for t in inputs if isinstance(t, torch.Tensor))
+            mode = " in training mode" if training else ""
+            raise CaptureError(f"{type(model).__name__} does not run{mode} on example_inputs of shape "
+                               f"{shapes}: {first_line(e, 160)}") from None
+    finally:
+        for h in hooks:
+            h.remove()
+        with torch.no_grad():
+            for b, value in saved:
+                b.copy_(value)
+
+
+class _Passed(Exception):
+    """A listener's own error, carried through the model's forward unchanged."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Mode(TorchFunctionMode):
+    """Runs every torch call of the forward, then tells the listener (outside leaf modules)."""
+
+    def __init__(self, listener: Listener, depth: list[int], blank: bool):
+        super().__init__()
+        self.listener, self.depth, self.blank = listener, depth, blank
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = _conv_shape(args, kwargs) if self.blank and func in _SHORTCUT else None
+        out = func(*args, **kwargs) if out is None else out
+        if not self.depth[0]:
+            _told(self.listener.call, Call(func, args, kwargs, out))
+        return out
+
+
+def _told(tell: Callable, *what) -> None:
+    """The listener told ``what``; its own error is carried through the forward as it is."""
+    try:
+        tell(*what)
+    except Exception as e:
+        raise _Passed(e) from None
+
+
+def _conv_shape(args, kwargs) -> torch.Tensor | None:
+    """Zeros of the shape ``F.convNd`` would give (None where the arguments are not the plain
+    ones): what a blank example needs of a convolution, without its arithmetic."""
+    if kwargs or len(args) != 7 or not isinstance(args[0], torch.Tensor) or args[0].dim() < 3:
+        return None
+    x, w, _, stride, padding, dilation, groups = args
+    d = x.dim() - 2
+    if not all(isinstance(v, (tuple, list)) and len(v) == d for v in (stride, padding, dilation)) \
+            or not isinstance(w, torch.Tensor) or w.dim() != x.dim() or x.shape[1] != w.shape[1] * groups:
+        return None
+    size = [(n + 2 * p - dl * (k - 1) - 1) // s + 1 for n, p, dl, k, s in
+            zip(x.shape[2:], padding, dilation, w.shape[2:], stride)]
+    return x.new_zeros(x.shape[0], w.shape[0], *size) if min(size) > 0 else None

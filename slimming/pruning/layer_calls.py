@@ -1,0 +1,202 @@
+"""How the trace follows a layer, by the rule of its kind (``slimming.models.layers.RULES``): one
+handler for every rule known by its call (``layer``: a torch function of the rule's ``calls``
+given one module's tensors, at the rule's ``positions``), one for every module followed whole
+(``whole_layer``: a frozen BatchNorm, an RMSNorm, a gate, a registered kind). A layer that
+*makes* channels (a convolution, a linear layer) gives them a space of its own; one that
+*carries* them (a BatchNorm, a GroupNorm, a LayerNorm, a depthwise convolution) passes its
+input's on and is cut with them. What does not fit its rule is kept (``Walk.opaque``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.layers import RULES
+from .graph import Map, Seg, Use
+from .ops import Step, Walk, arg, tensors
+
+
+def layer(w: Walk, s: Step) -> None:
+    """A call of a layer's function (``F.conv2d``, ``F.batch_norm``, ...) with its tensors,
+    every one of them a parameter or buffer of one module (whose tensors of those names are then
+    cut); the rule is the one whose ``calls`` name the op."""
+    kind = w.calls[s.op]
+    rule = RULES[kind]
+    x_t = s.args[0] if s.args else s.kwargs.get("input")
+    x = w.get(x_t)
+    given, name, attrs = owned(w, s, rule.positions)
+    if not given:  # a norm without tensors (affine=False): the module it runs in, if of its kind
+        attrs = {}
+        if rule.carries and w.stack and _is(w.modules[w.stack[-1]], rule):
+            name = w.stack[-1]
+    if rule.carries and w.stack:
+        w.seen.add(w.stack[-1])  # a norm module without tensors ran too
+    if x is None:  # a layer of something made from constants: its outputs are kept
+        return w.fresh(s.out, f"{name or s.op}: reads no tracked channels")
+    why = _misfit(w, s, rule, x_t, x, name, attrs)
+    if why:
+        return w.opaque(s.op, why, [m for _, m in s.inputs], s.out)
+    ignored = name in w.ignore or w.in_ignored()
+    if rule.makes:
+        return _makes(w, s, kind, x_t, x, name, ignored, attrs)
+    groups = arg(s.args, s.kwargs, 1, "num_groups") if kind == "group_norm" else 1
+    if groups > 1:
+        w.g.whole_blocks(x, groups)
+    if ignored and rule.scores:
+        w.g.pin(x, f"{name} is in ignore")
+    if name is not None:
+        w.again(name, x)
+        w.g.uses.append(Use(name, kind, x, attrs))
+    bias = given.get("bias")
+    moves = rule.shifts or (bias is not None and bool(bias.ne(0).any()))
+    w.set(s.out, x.with_gate(True if rule.gated and "weight" in attrs else False if moves else None))
+
+
+def _is(module: nn.Module | None, rule) -> bool:
+    """Whether ``module`` is of one of the types ``rule`` matches."""
+    return any(isinstance(module, t) if isinstance(t, type) else type(module).__name__ == t
+               for t in rule.modules)
+
+
+def _misfit(w: Walk, s: Step, rule, x_t: torch.Tensor, x: Map, name: str | None, attrs) -> str:
+    """Why this call does not fit its rule (kept whole), or ''."""
+    if attrs is None or (rule.makes and name is None):
+        return "a layer whose tensors are not one module's parameters"
+    if x.dim != (x_t.dim() - 1 if rule.last else 1):
+        return f"a {s.op} over other than its input's channels"
+    if rule.makes:
+        return "" if x.factor == 1 or (s.op == "linear" and x_t.dim() == 2) else \
+            f"a {s.op} of a flattened tensor"
+    out = s.out
+    if x.factor != 1 or len(s.inputs) > 1 or not isinstance(out, torch.Tensor) or out.dim() < 2:
+        return f"a {s.op} of other than one module's channels"
+    if s.op == "group_norm":
+        groups = arg(s.args, s.kwargs, 1, "num_groups")
+        if not isinstance(groups, int) or x.channels % groups:
+            return "a group_norm of other than whole groups"
+    if rule.normalises and (name is None or "weight" not in attrs or out.shape != x_t.shape
+                            or len(_shape(s)) != 1 or name in w.ignore or w.in_ignored()
+                            or not _is(w.modules.get(name), rule)):
+        # kept, not followed: a norm over more than the channels, or without a scale of its
+        # own, normalises each channel by statistics of the others that no factor scores
+        return "a normalisation over the channels: cutting one changes the others"
+    return ""
+
+
+def _shape(s: Step) -> tuple:
+    shape = arg(s.args, s.kwargs, 1, "normalized_shape")
+    return (shape,) if isinstance(shape, int) else tuple(shape)
+
+
+def _makes(w: Walk, s: Step, kind: str, x_t, x: Map, name: str, ignored: bool, attrs) -> None:
+    """A convolution or linear layer: new channels; a depthwise convolution carries its input's;
+    a grouped one keeps equal counts in every group."""
+    out = s.out
+    if kind == "linear":  # reads the last dim: (N, features), or tokens (N, L, C), channels-last
+        return produce(w, name, kind, x, out.shape[-1], ignored, out, attrs, dim=out.dim() - 1)
+    groups = arg(s.args, s.kwargs, 6, "groups", 1)
+    cin, cout = x_t.shape[1], out.shape[1]
+    if kind == "convt":
+        if groups != 1:
+            w.g.pin(x, f"the grouped transposed convolution {name}")
+        return produce(w, name, kind, x, cout, ignored or groups != 1, out, attrs)
+    if groups == 1:
+        return produce(w, name, kind, x, cout, ignored, out, attrs)
+    if groups == cin == cout and not ignored:  # depthwise: channel c -> channel c
+        w.again(name, x)
+        w.g.uses.append(Use(name, "depthwise", x, attrs))
+        if w.stack and w.stack[-1] == name:  # F.conv2d(x, self.filt, groups=C) in a module:
+            w.g.group_counts.setdefault(name, []).append((groups, x))  # its groups follow x
+        return w.set(out, x.with_gate(None if "bias" not in attrs else False))
+    # grouped: every group keeps the same number of input and of output channels
+    w.g.equal_blocks(x, groups, "groups")
+    space = produce(w, name, kind, x, cout, ignored, out, attrs, groups)
+    w.g.equal_blocks(Map([Seg(space, 0, cout, False)]), groups, "groups")
+
+
+def owned(w: Walk, s: Step, positions) -> tuple[dict, str | None, dict | None]:
+    """The tensors a layer op was called with, by part ({"weight": ..., ...}), the module
+    they belong to (marked as run) and which of its attributes each is; attrs None when
+    they are not all one module's parameters or buffers."""
+    given = {role: arg(s.args, s.kwargs, i, role) for role, i in positions}
+    given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
+    owners = {role: w.owner.get(id(t)) for role, t in given.items()}
+    names = {o[0] for o in owners.values() if o is not None}
+    name = next(iter(names)) if len(names) == 1 else None
+    if name is not None:
+        w.seen.add(name)
+    attrs = {role: o[1] for role, o in owners.items()} if name and None not in owners.values() else None
+    return given, name, attrs
+
+
+def produce(w: Walk, name: str, kind: str, x: Map, width: int, ignored: bool, out, attrs,
+            groups: int = 1, dim: int = 1) -> int:
+    """A layer reading ``x`` and making ``width`` channels of a space of its own (kept whole
+    when ``ignored``; the channels it reads too, inside a module in ``keep_whole``)."""
+    why = f"{name} is in ignore" if ignored else ""
+    if any(n in w.keep_whole for n in w.stack) or name in w.keep_whole:
+        w.g.pin(x, f"{name} is in keep_whole")
+    space = w.again(name, x)
+    if space is None:
+        space = w.g.new_space(width, why)
+        w.made[name] = (space, x)
+        w.g.uses.append(Use(name, f"{kind}_out", Map([Seg(space, 0, width, False)]), attrs, groups))
+    w.g.uses.append(Use(name, f"{kind}_in", x, attrs, groups))
+    w.set(out, Map([Seg(space, 0, width, False)], dim=dim))
+    return space
+
+
+def whole_layer(w: Walk, name: str, m: nn.Module, kind: str, args, out) -> None:
+    """A module followed whole by the rule of its kind (a frozen BatchNorm, a registered
+    layer): it reads its first input's channels and makes (or carries) its output's; its
+    other inputs are kept."""
+    w.seen.add(name)
+    rule = RULES[kind]
+    ins = [t for t in tensors(args) if w.get(t) is not None]
+    x = w.get(args[0]) if args else None
+    for t in ins[1:] if x is not None else ins:
+        w.pin_tensor(t, f"{name}: read by a {type(m).__name__} as other than its channels")
+    if kind == "head_gate":
+        return head_gate(w, name, m, x, out)
+    if x is None:
+        return w.fresh(out, f"{name}: made from untracked inputs") if isinstance(out, torch.Tensor) else None
+    carried = not rule.makes and isinstance(out, torch.Tensor) and out.shape == args[0].shape
+    if not isinstance(out, torch.Tensor) or out.dim() < 2 or x.factor != 1 \
+            or (x.dim != 1 and not carried):
+        return w.opaque(type(m).__name__, "a layer followed whole whose output is not (N, C, ...)", [x], out)
+    attrs = {role: role for tensors_ in (rule.reads, rule.makes, rule.carries) for role in tensors_
+             if isinstance(getattr(m, role, None), torch.Tensor)}
+    ignored = name in w.ignore or w.in_ignored()
+    if rule.makes:
+        return produce(w, name, kind, x, out.shape[1], ignored, out, attrs)
+    if out.shape[x.dim] != x.channels:
+        return w.opaque(type(m).__name__, "a layer that carries its channels but changes their number",
+                        [x], out)
+    if rule.normalises and (x.dim != out.dim() - 1 or "weight" not in attrs
+                            or m.weight.shape != (x.channels,)):
+        # Kept, not followed: a norm over other than the last dim alone, or without a scale of its
+        # own, normalises each channel by statistics of others that no factor scores
+        return w.opaque(type(m).__name__, "a normalisation over other than its channels, or "
+                        "without a scale of its own", [x], out)
+    if ignored:
+        w.g.pin(x, f"{name} is in ignore")
+    w.again(name, x)
+    w.g.uses.append(Use(name, kind, x, attrs))
+    w.set(out, x.with_gate(rule.gated and "weight" in attrs))
+
+
+def head_gate(w: Walk, name: str, m: nn.Module, x: Map | None, out) -> None:
+    """A gate per head (``HeadGate``) scores the heads of the attention whose merged heads
+    it scales (``graph.heads_of``); its output's channels are its input's. On anything else
+    the heads it would score are kept."""
+    count = m.weight.numel()
+    found = w.g.heads_of(x) if x is not None else None
+    if found is None or found[1] != count:
+        space = w.g.new_space(count, f"{name}: a gate per head where the trace found no heads")
+    else:
+        space = found[0]
+        if name in w.ignore or w.in_ignored():
+            w.g.pin(Map([Seg(space, 0, count, False)]), f"{name} is in ignore")
+    w.g.uses.append(Use(name, "head_gate", Map([Seg(space, 0, count, True)]), {"weight": "weight"}))
+    w.set(out, x)

@@ -1,0 +1,133 @@
+"""Reshapes and heads: what a view, reshape, flatten, permutation or expand does to the channel
+dimension (moves it, keeps it, flattens it, splits it into blocks or merges it with the blocks
+before it), and the blocks an attention splits its channels into (its heads, cut whole where
+the module holds their number). Handlers of the trace (``slimming.pruning.ops.Step``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .graph import Map, Seg
+from .ops import HEAD_ATTRS, PERMUTE_OPS, Step, Walk, permutation
+
+
+def reshape(w: Walk, s: Step) -> None:
+    """Shape changes: a permutation moves the channel dimension (channels-last and back); a
+    view keeps it where the dimensions before it keep their product (tokens (N, H*W, C)),
+    flattens (N, C, ...) to (N, C*k), splits it into blocks (attention heads: the same
+    positions cut in every block) or merges it with the blocks before it."""
+    op, func, args, kwargs, out, inputs = s
+    x_t, x = inputs[0]
+    before, after = tuple(x_t.shape), tuple(out.shape) if isinstance(out, torch.Tensor) else None
+    if op.endswith("_as"):  # view_as(other): the other tensor gives a shape only
+        inputs = [(t, m) for t, m in inputs if t is x_t]
+    if after is None or len(inputs) > 1 or x_t is not args[0]:
+        return w.opaque(op, "a reshape of several tensors", [m for _, m in inputs], out)
+    if op in PERMUTE_OPS:
+        perm = permutation(op, args, kwargs, len(before))
+        if perm is None or (x.factor != 1 and perm[:2] != [0, 1]):
+            return w.opaque(op, "a permutation of flattened channels", [x], out)
+        return w.set(out, x.at(perm.index(x.dim)))
+    d = x.dim
+    if op in ("expand", "expand_as"):  # new leading dims; size-1 dims grow
+        lead = len(after) - len(before)
+        if lead >= 0 and after[d + lead] == before[d]:
+            return w.set(out, x.at(d + lead))
+        return w.opaque(op, "an expand of the channels", [x], out)
+    if x.factor != 1:
+        if len(after) == 2 and after == before[:2]:
+            return w.set(out, x)
+        return w.opaque(op, "a reshape of flattened channels", [x], out)
+    head, c = math.prod(before[:d]), before[d]
+    prefix = [math.prod(after[:k]) for k in range(len(after) + 1)]
+    for k in range(len(after)):  # the channel dim as it was, after dims of the same product
+        if prefix[k] == head and after[k] == c:
+            return w.set(out, x.at(k))
+    if d == 1 and len(after) == 2 and after[0] == before[0]:  # (N, C, H, W) -> (N, C*H*W)
+        return w.set(out, Map(x.segs, math.prod(before[2:]), 1))
+    for k in range(len(after)):  # split into blocks: (N, heads * D, L) -> (N, heads, D, L)
+        for j in range(k + 1, len(after)):
+            if prefix[k] == head and prefix[j + 1] == head * c and after[j] > 1 and w.follow_sizes:
+                return w.set(out, blocks(w, x, c // after[j], op, after[k:j]).at(j))
+    inner, starts = math.prod(before[d + 1:]), {math.prod(before[:m]) for m in range(d)}
+    for k in range(len(after)):  # merged with the dims before it: (N, L, heads, D) -> (N, L, C)
+        outer = after[k] // c if c and after[k] % c == 0 else 0
+        if outer > 1 and prefix[k] * outer == head and prefix[k] in starts \
+                and math.prod(after[k + 1:]) == inner:
+            heads = w.g.heads.get(x.segs[0].space) if len(x.segs) == 1 else None
+            if heads is not None and len(heads[1]) == outer == before[d - 1]:  # heads merged, in order
+                s = x.segs[0]
+                merged = Map([Seg(p, s.start, s.length, s.gated) for p in heads[1]], 1, k)
+                w.g.merges.setdefault(w.stack[-1], []).append(merged)  # its width: an attribute's
+                return w.set(out, merged)
+            return w.set(out, Map(x.segs * outer, 1, k))  # channel c at every block
+    # Kept, not followed: a channel shuffle's view, transpose, view interleaves the channels
+    # of its groups (the same positions would have to be cut in channels the graph keeps
+    # apart); a flatten of channels-last channels puts them innermost; other reshapes mix
+    # the channels with other dimensions
+    what = "a reshape that moves the channels"
+    if any(prefix[k] == head and prefix[j + 1] == head * c for k in range(len(after))
+           for j in range(k + 1, len(after))):
+        what = "a reshape that splits the channels into blocks (attention heads), not followed with " \
+            "cut_heads=False"
+    elif any(prefix[k] == head and n > c and n % c == 0 for k, n in enumerate(after)):
+        what = "a reshape that interleaves the channels with a dimension after them (a channel shuffle)"
+    w.opaque(op, f"{what}: {before} to {after}", [x], out)
+
+def blocks(w: Walk, x: Map, count: int, op: str, shape: tuple[int, ...] = ()) -> Map:
+    """The channels of ``x`` split into ``count`` equal blocks laid along dimensions of
+    their own (``shape``: attention heads, the paths of a selective kernel): one position
+    of the channel dimension is a channel of every block, so the blocks are cut alike (tied
+    position by position); their map. Where one of those dimensions is the number of heads
+    the module holds (``num_heads``) and ``x`` is a layer's whole output, each block is
+    also known as its head's (``head_axis``), so that heads can be cut whole."""
+    if count == 1:
+        return x
+    where = w.where()
+    w.g.sized.append(where)
+    n = x.channels // count
+    w.g.split_sizes.append((where, n))
+    cut = w.g.cut_into(x, [n] * count)
+    pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
+    # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already
+    kept = not cut or w.in_ignored() or w.g.touches_pins(x)
+    heads = None if kept else head_axis(w, shape)
+    if heads is not None:  # the heads' channels: a space of their own, tied to every block
+        axis, space = heads
+        result = Map([Seg(w.g.new_space(n), 0, n, x.segs[0].gated)], x.factor, x.dim)
+        firsts: dict[int, int] = {}
+        for i, p in enumerate(pieces):
+            h = i // math.prod(shape[axis + 1:]) % shape[axis]
+            w.g.piece_head[p.segs[0].space] = (space, h)
+            firsts.setdefault(h, p.segs[0].space)
+        w.g.heads[result.segs[0].space] = (space, [firsts[h] for h in range(shape[axis])])
+    else:
+        result, pieces = pieces[0], pieces[1:]
+    for p in pieces:
+        result = w.g.tie(result, p, f"{where}: {op} into blocks it cannot cut alike")
+    return result
+
+def head_axis(w: Walk, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """(which of the block dimensions ``shape`` is the number of heads the running module
+    holds, the heads' space): the dimension is the last of that size (an integer attribute
+    named as the heads' number is: ``num_heads``, ``heads``), next to the head's own
+    channels as in (3, heads, head_dim) (a wrong guess fails the check); the space is made
+    the first time. None where there is none."""
+    if not w.stack or not shape:
+        return None
+    where = w.stack[-1]  # the module's name ("" for the model itself)
+    module = w.modules[where]
+    held = [(a, getattr(module, a)) for a in HEAD_ATTRS if type(getattr(module, a, None)) is int]
+    found = [(a, v, len(shape) - 1 - shape[::-1].index(v)) for a, v in held if v > 1 and v in shape]
+    if len(found) != 1:
+        return None
+    attr, count, axis = found[0]
+    known = w.g.head_modules.get(where)
+    if known is None:
+        known = w.g.head_modules[where] = (w.g.new_space(count), attr)
+    elif w.g.sizes[known[0]] != count:
+        return None
+    return axis, known[0]
