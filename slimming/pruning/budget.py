@@ -91,15 +91,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
     (with the widths as built and put back), so that the check's fails too."""
     what = "flops" if target_flops is not None else "params"
     size = tuple(example.shape[1:])
-
-    def measure(m: nn.Module) -> int:
-        return count_flops(m, size) if what == "flops" else count_params(m)
-
-    def run(m: nn.Module) -> None:
-        with torch.no_grad(), modes_kept(m):
-            m.eval()
-            m(example)
-
+    measure = (lambda m: count_flops(m, size)) if what == "flops" else count_params
     full = measure(model)
     target = parse_budget(target_flops if what == "flops" else target_params, full, what)
     total = sum(s.numel() for s in plan.scores)
@@ -111,7 +103,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
             return result, measured(result, measure)
         except GraphError:
             try:  # the forward alone, as the check runs it: where it runs, the measure failed
-                measured(result, run)
+                measured(result, lambda m: _run(m, example))
             except GraphError:
                 if checked:  # the check refuses it too (its forward fails the same way)
                     result.budget = {"what": what, "target": target, "achieved": None, "full": full,
@@ -139,3 +131,10 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
     result.budget = {"what": what, "target": target, "achieved": value, "full": full,
                      "percent": hi / total}
     return result
+
+
+def _run(m: nn.Module, example: torch.Tensor) -> None:
+    """One forward of ``m`` in eval mode (its modes put back), its output dropped."""
+    with torch.no_grad(), modes_kept(m):
+        m.eval()
+        m(example)

@@ -203,7 +203,6 @@ class ChannelGraph:
         self.sides: dict[tuple[str, str], list[Map]] = {}  # (module, "in" / "out") -> those maps
         # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
         self.group_counts: dict[str, list[tuple[int, Map]]] = {}
-        self.order = {name: i for i, (name, _) in enumerate(model.named_modules())}
         # attention heads: module -> (its heads' space, the integer attribute holding their
         # number); a head's piece of the channels -> (heads' space, head); a head's channels
         # (tied in every head) -> (heads' space, one piece of each head, in order)
@@ -222,41 +221,8 @@ class ChannelGraph:
     def copy(self) -> ChannelGraph:
         """A copy to go on building (the model is shared, the bookkeeping is not)."""
         new = ChannelGraph.__new__(ChannelGraph)
-        new.__dict__ = {k: (v.copy() if isinstance(v, (list, dict)) else v) for k, v in self.__dict__.items()}
-        new.frames = {k: list(v) for k, v in self.frames.items()}
-        new.borders = {k: list(v) for k, v in self.borders.items()}
-        new.sides = {k: list(v) for k, v in self.sides.items()}
-        new.group_counts = {k: list(v) for k, v in self.group_counts.items()}
-        new.merges = {k: list(v) for k, v in self.merges.items()}
+        new.__dict__ = {k: _copied(v) for k, v in self.__dict__.items()}
         return new
-
-    def kept_summary(self, limit: int = 6) -> str:
-        """One line: by module type, the ops that kept channels a factor scores (and how
-        many such channels, each counted once); empty when none did."""
-        scored = set()
-        for use in self.uses:
-            if use.kind in RULES and RULES[use.kind].scores and "weight" in use.attrs:
-                scored |= {self.find(s.space) for s in self.resolve(use.map).segs}
-        rows: dict[tuple[str, str, str], tuple[set[str], dict[int, torch.Tensor]]] = {}
-        for k in self.kept:
-            modules, cover = rows.setdefault((k.kind, k.op, k.what), (set(), {}))
-            for m in k.maps:
-                for s in self.resolve(m).segs:
-                    r = self.find(s.space)
-                    if r in scored:
-                        got = cover.setdefault(r, torch.zeros(self.sizes[r], dtype=torch.bool))
-                        got[s.start:s.start + s.length] = True
-                        modules.add(k.module)
-        counts = [(int(sum(c.sum() for c in cover.values())), key, modules)
-                  for key, (modules, cover) in rows.items()]
-        counts = sorted((c for c in counts if c[0]), key=lambda c: -c[0])
-        parts = []
-        for n, (kind, op, what), modules in counts[:limit]:
-            names = sorted(modules)
-            where = ", ".join(names[:2]) + (f", ... ({len(names)} modules)" if len(names) > 2 else "")
-            parts.append(f"{op} ({what}) in {kind} [{where}] kept {n}")
-        more = f"; and {len(counts) - limit} more" if len(counts) > limit else ""
-        return "; ".join(parts) + more
 
     # union-find over spaces
     def new_space(self, size: int, lock: str = "") -> int:
@@ -486,7 +452,8 @@ class ChannelGraph:
             if g.pinned is not None and bool(g.pinned.all()):
                 g.prunable, g.reason = False, g.reasons[0]
         groups = list(by_root.values())
-        groups.sort(key=lambda g: min((self.order.get(b[0], 1 << 30) for b in g.bns),
+        order = {name: i for i, (name, _) in enumerate(self.model.named_modules())}
+        groups.sort(key=lambda g: min((order.get(b[0], 1 << 30) for b in g.bns),
                                       default=1 << 30))
         return groups
 
@@ -537,3 +504,42 @@ def structure_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
     for key, child in module._modules.items():
         new._modules[key] = None if child is None else structure_copy(child, memo)
     return new
+
+
+def kept_summary(graph: ChannelGraph, limit: int = 6) -> str:
+    """One line: by module type, the ops that kept channels a factor scores (and how
+    many such channels, each counted once); empty when none did."""
+    scored = set()
+    for use in graph.uses:
+        if use.kind in RULES and RULES[use.kind].scores and "weight" in use.attrs:
+            scored |= {graph.find(s.space) for s in graph.resolve(use.map).segs}
+    rows: dict[tuple[str, str, str], tuple[set[str], dict[int, torch.Tensor]]] = {}
+    for k in graph.kept:
+        modules, cover = rows.setdefault((k.kind, k.op, k.what), (set(), {}))
+        for m in k.maps:
+            for s in graph.resolve(m).segs:
+                r = graph.find(s.space)
+                if r in scored:
+                    got = cover.setdefault(r, torch.zeros(graph.sizes[r], dtype=torch.bool))
+                    got[s.start:s.start + s.length] = True
+                    modules.add(k.module)
+    counts = [(int(sum(c.sum() for c in cover.values())), key, modules)
+              for key, (modules, cover) in rows.items()]
+    counts = sorted((c for c in counts if c[0]), key=lambda c: -c[0])
+    parts = []
+    for n, (kind, op, what), modules in counts[:limit]:
+        names = sorted(modules)
+        where = ", ".join(names[:2]) + (f", ... ({len(names)} modules)" if len(names) > 2 else "")
+        parts.append(f"{op} ({what}) in {kind} [{where}] kept {n}")
+    more = f"; and {len(counts) - limit} more" if len(counts) > limit else ""
+    return "; ".join(parts) + more
+
+
+def _copied(value):
+    """A list or dict copied one level down (a dict's lists too: the records the walk appends
+    to), so that building on a copy leaves the original as it was."""
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, dict):
+        return {k: list(v) if isinstance(v, list) else v for k, v in value.items()}
+    return value

@@ -234,59 +234,88 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     """
     model = unwrap(model)
     importance = _criterion(importance)
-    if surgery not in ("auto", "graph"):
-        raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}", param="surgery")
-    how = [percent is not None, threshold is not None, target_flops is not None,
-           target_params is not None, target_latency is not None]
-    if sum(how) != 1:
-        raise SlimmingError("give exactly one of percent, threshold, target_flops, target_params and "
-                            "target_latency", param=("percent", "threshold", "target_flops", "target_params",
-                                                     "target_latency"))
-    if target_latency is not None:
-        speed.parse_latency(target_latency)  # a bad budget answers before any work
-    if round_to != "auto":
-        number(round_to, "round_to", integer=True, low=1)
+    how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
+               target_latency=target_latency, latency_model=latency_model)
+    _check_arguments(surgery, round_to, how)
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
     traced = surgery == "graph" or models.family(getattr(model, "arch", None)) is None \
         or bool(ignored_names(model, ignore) | ignored_names(model, keep_whole))
-    limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
-    budgeted = target_flops is not None or target_params is not None
-    if budgeted and len(as_inputs(example)) != 1:
+    if (target_flops is not None or target_params is not None) and len(as_inputs(example)) != 1:
         raise SlimmingError("a FLOPs or parameter budget needs a model of one input; give "
                             "percent or threshold", param=("target_flops", "target_params"))
-
     whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
-    how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
-               target_latency=target_latency, latency_model=latency_model)
-    # heads and splits by sizes held in attributes are followed unless cut_heads is False
-    follow_sizes, kept, retries = traced and cut_heads, (), []
+    steps = _Steps(model, importance, example, traced, ignore, whole, verify,
+                   dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune), how)
     with modes_kept(model):
-        while True:  # plan, cut, check; where the check refuses, keep what failed and again
-            plan = _traced_plan(model, importance, example, ignore, (*whole, *kept), follow_sizes) \
-                if traced else _family_plan(model, importance)
-            result = _cut(model, plan, example, limits, **how)
-            failure = _vouch(model, result, example, verify)
+        result = steps.checked_cut(follow_sizes=traced and cut_heads)
+        steps.settle(result, compensate)
+    return result
+
+
+def _check_arguments(surgery: str, round_to, how: dict) -> None:
+    """What prune refuses before any work: an unknown surgery, not exactly one way of saying how
+    many channels go, a latency budget it cannot read, a round_to that is no width."""
+    if surgery not in ("auto", "graph"):
+        raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}", param="surgery")
+    if sum(how[k] is not None for k in ("percent", "threshold", "target_flops", "target_params",
+                                         "target_latency")) != 1:
+        raise SlimmingError("give exactly one of percent, threshold, target_flops, target_params and "
+                            "target_latency", param=("percent", "threshold", "target_flops", "target_params",
+                                                     "target_latency"))
+    if how["target_latency"] is not None:
+        speed.parse_latency(how["target_latency"])  # a bad budget answers before any work
+    if round_to != "auto":
+        number(round_to, "round_to", integer=True, low=1)
+
+
+@dataclass
+class _Steps:
+    """prune's pipeline over one model: plan (trace and score, or the family's own walk), cut
+    (to the budget), check (``_vouch``), and where the check refuses, keep what failed and go
+    again (``_retry``); then settle (warnings, compensation, gates folded)."""
+
+    model: nn.Module
+    importance: Importance
+    example: object
+    traced: bool
+    ignore: object
+    whole: tuple
+    verify: bool
+    limits: dict
+    how: dict
+
+    def checked_cut(self, follow_sizes: bool) -> PruneResult:
+        """Plan, cut, check until the check passes; what was retried is in ``result.retries``."""
+        kept, retries = (), []
+        while True:
+            plan = _traced_plan(self.model, self.importance, self.example, self.ignore, (*self.whole, *kept),
+                                follow_sizes) if self.traced else _family_plan(self.model, self.importance)
+            result = _cut(self.model, plan, self.example, self.limits, **self.how)
+            failure = _vouch(self.model, result, self.example, self.verify)
             if failure is None:
-                break
-            retry = _retry(model, failure, plan, follow_sizes, kept, traced, verify)
-            warnings.warn(str(retry), stacklevel=2)
+                result.retries = retries
+                return result
+            retry = _retry(self.model, failure, plan, follow_sizes, kept, self.traced, self.verify)
+            warnings.warn(str(retry), stacklevel=3)
             retries.append(retry)
             if retry.kept == "sizes":
                 follow_sizes = False
             else:
                 kept = (*kept, retry.block)
-        result.retries = retries
-        if traced and models.family(getattr(model, "arch", None)) is not None:
-            _as_family(model, result)
-        for note in (little_sparsity(model, result), nearly_emptied(result)):
+
+    def settle(self, result: PruneResult, compensate: bool) -> None:
+        """A family's cfg for a traced family, the warnings a cut deserves, compensation, and
+        the gates (``slimming.add_gates``) folded into the layers they feed."""
+        if self.traced and models.family(getattr(self.model, "arch", None)) is not None:
+            _as_family(self.model, result)
+        for note in (little_sparsity(self.model, result), nearly_emptied(result)):
             if note:
-                warnings.warn(note, stacklevel=2)
+                warnings.warn(note, stacklevel=3)
         if compensate:
-            result.compensation = repair.compensate(model, result, example)
-        fold(result.model)  # gates (slimming.add_gates) into the layers they feed: no extra module
-    return result
+            result.compensation = repair.compensate(self.model, result, self.example)
+        fold(result.model)  # gates into the layers they feed: no extra module
 
 
 @dataclass

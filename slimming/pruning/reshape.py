@@ -64,18 +64,21 @@ def reshape(w: Walk, s: Step) -> None:
                 w.g.merges.setdefault(w.stack[-1], []).append(merged)  # its width: an attribute's
                 return w.set(out, merged)
             return w.set(out, Map(x.segs * outer, 1, k))  # channel c at every block
-    # Kept, not followed: a channel shuffle's view, transpose, view interleaves the channels
-    # of its groups (the same positions would have to be cut in channels the graph keeps
-    # apart); a flatten of channels-last channels puts them innermost; other reshapes mix
-    # the channels with other dimensions
-    what = "a reshape that moves the channels"
+    w.opaque(op, f"{_not_followed(after, prefix, head, c)}: {before} to {after}", [x], out)
+
+
+def _not_followed(after: tuple, prefix: list[int], head: int, c: int) -> str:
+    """Why a reshape is kept, not followed: a channel shuffle's view, transpose, view
+    interleaves the channels of its groups (the same positions would have to be cut in channels
+    the graph keeps apart); a flatten of channels-last channels puts them innermost; other
+    reshapes mix the channels with other dimensions."""
     if any(prefix[k] == head and prefix[j + 1] == head * c for k in range(len(after))
            for j in range(k + 1, len(after))):
-        what = "a reshape that splits the channels into blocks (attention heads), not followed with " \
+        return "a reshape that splits the channels into blocks (attention heads), not followed with " \
             "cut_heads=False"
-    elif any(prefix[k] == head and n > c and n % c == 0 for k, n in enumerate(after)):
-        what = "a reshape that interleaves the channels with a dimension after them (a channel shuffle)"
-    w.opaque(op, f"{what}: {before} to {after}", [x], out)
+    if any(prefix[k] == head and n > c and n % c == 0 for k, n in enumerate(after)):
+        return "a reshape that interleaves the channels with a dimension after them (a channel shuffle)"
+    return "a reshape that moves the channels"
 
 def blocks(w: Walk, x: Map, count: int, op: str, shape: tuple[int, ...] = ()) -> Map:
     """The channels of ``x`` split into ``count`` equal blocks laid along dimensions of

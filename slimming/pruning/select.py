@@ -74,6 +74,31 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     """
     steps = round_to if isinstance(round_to, list) else None
     round_to = 1 if steps is not None else round_to
+    _check_limits(percent, threshold, min_channels, round_to, max_layer_prune)
+    if not scores:
+        raise SlimmingError("no channel group of this model can be pruned (see slimming.pruning.graph for "
+                            "what keeps a group whole): there is nothing to slim")
+    keep, threshold = _ranked(torch.cat(scores), scores, percent, threshold)
+    masks = list(keep.split([g.numel() for g in scores]))
+    guarded = []
+    for i, (g, m) in enumerate(zip(scores, masks)):
+        n, kept = g.numel(), int(m.sum())
+        guard = min(min_channels, n)
+        want = max(kept, guard, math.ceil((1 - max_layer_prune) * n - 1e-9))
+        want = min(n, -(-want // round_to) * round_to)
+        if steps is not None:
+            want = next((w for w in steps[i] if w >= want), n)
+        if kept < guard:
+            guarded.append(i)
+        if want > kept:  # the best channels back, those the cut kept first among them
+            order = torch.argsort(g + m.float() * (g.max() + 1), descending=True, stable=True)
+            masks[i] = torch.zeros_like(m)
+            masks[i][order[:want]] = True
+    return masks, threshold, guarded
+
+
+def _check_limits(percent, threshold, min_channels, round_to, max_layer_prune) -> None:
+    """One line for each value ``select`` cannot take (a number at all, then its range)."""
     if (percent is None) == (threshold is None):
         raise SlimmingError("give exactly one of percent and threshold", param=("percent", "threshold"))
     for value, name in ((percent, "percent"), (threshold, "threshold"), (max_layer_prune, "max_layer_prune")):
@@ -92,10 +117,12 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     if not 0 < max_layer_prune <= 1:
         raise SlimmingError(f"max_layer_prune must be in (0, 1], got {max_layer_prune}",
                             param="max_layer_prune")
-    if not scores:
-        raise SlimmingError("no channel group of this model can be pruned (see slimming.pruning.graph for "
-                            "what keeps a group whole): there is nothing to slim")
-    allg = torch.cat(scores)
+
+
+def _ranked(allg: torch.Tensor, scores: list[torch.Tensor], percent,
+            threshold) -> tuple[torch.Tensor, float | None]:
+    """The keep-mask over all channels, by the lowest ``floor(percent * N)`` or by ``threshold``,
+    and the threshold that gives it."""
     if not torch.isfinite(allg).all():
         bad = [i for i, g in enumerate(scores) if not torch.isfinite(g).all()]
         raise SlimmingError(f"{len(bad)} layer(s) have non-finite scores (nan/inf gammas), the "
@@ -106,28 +133,12 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
         order = torch.argsort(allg, stable=True)
         keep = torch.ones_like(allg, dtype=torch.bool)
         keep[order[:k]] = False
-        threshold = allg[order[k - 1]].item() if k else None
-    else:
-        keep = allg > threshold
-        if not keep.any():
-            raise SlimmingError(f"threshold {threshold:g} is at or above every |gamma| (the largest "
-                                f"is {allg.max().item():.4g}): it would prune every channel")
-    masks = list(keep.split([g.numel() for g in scores]))
-    guarded = []
-    for i, (g, m) in enumerate(zip(scores, masks)):
-        n, kept = g.numel(), int(m.sum())
-        guard = min(min_channels, n)
-        want = max(kept, guard, math.ceil((1 - max_layer_prune) * n - 1e-9))
-        want = min(n, -(-want // round_to) * round_to)
-        if steps is not None:
-            want = next((w for w in steps[i] if w >= want), n)
-        if kept < guard:
-            guarded.append(i)
-        if want > kept:  # the best channels back, those the cut kept first among them
-            order = torch.argsort(g + m.float() * (g.max() + 1), descending=True, stable=True)
-            masks[i] = torch.zeros_like(m)
-            masks[i][order[:want]] = True
-    return masks, threshold, guarded
+        return keep, allg[order[k - 1]].item() if k else None
+    keep = allg > threshold
+    if not keep.any():
+        raise SlimmingError(f"threshold {threshold:g} is at or above every |gamma| (the largest "
+                            f"is {allg.max().item():.4g}): it would prune every channel")
+    return keep, threshold
 
 
 def whole_block_scores(scores: dict[int, torch.Tensor], constraints) -> None:

@@ -178,34 +178,7 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
                             f"{full_ms:.3g} ms: nothing to cut", param="target_latency")
     lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
     allowed = allowed_widths(est, limits["round_to"], lows)
-    rounds: list[dict] = []
-
-    def trial(masks, threshold, goal: float | None):
-        """Cut, time against the original, record the round: (result, got, slack, the round),
-        the last three None where the cut does not run (``checked``: for the check to refuse)."""
-        result = plan.build(masks, threshold, [])
-        try:  # as prune returns it (budget.measured): a cut that does not run is the check's to refuse
-            with modes_kept(model), modes_kept(result.model):
-                original, pruned = measured(result, lambda m: cost.network([model, m], inputs))
-        except GraphError:
-            if not checked:
-                raise
-            result.budget = {"what": "latency", "kind": kind, "asked": asked, "target": goal_ms,
-                             "achieved": None}
-            return result, None, None, None
-        ratios = [p / o for p, o in zip(pruned, original)]
-        achieved_ms, spread_ms = median_spread(pruned)
-        ratio, ratio_spread = median_spread(ratios)
-        got, spread = (ratio, ratio_spread) if kind == "fraction" else (achieved_ms, spread_ms)
-        # how far the median itself may be off: 1.25 sigma / sqrt(n), sigma ~ 1.48 half-IQRs
-        error = 1.86 * spread / math.sqrt(len(ratios))
-        estimated = est.at_widths({n: layer_widths(result.model.get_submodule(n)) for n in
-                                   (layer.name for layer in est.layers)})
-        rounds.append({"estimated_ms": estimated, "goal_ms": goal, "achieved_ms": achieved_ms,
-                       "original_ms": statistics.median(original), "spread_ms": spread_ms,
-                       "fraction": ratio, "fraction_spread": ratio_spread, "error": error,
-                       "slack": max(error, TOLERANCE * asked)})
-        return result, got, rounds[-1]["slack"], rounds[-1]
+    trial = _Trial(model, plan, inputs, cost, est, kind, asked, goal_ms, checked)
 
     best, estimate_goal, seen = None, goal_ms, []
     for i in range(ROUNDS):
@@ -234,9 +207,47 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
                      "fraction": chosen["fraction"], "fraction_spread": chosen["fraction_spread"],
                      "full": full_ms, "full_spread": full_spread,
                      "error": chosen["error"], "met": abs(got - asked) <= slack,
-                     "rounds": rounds, "table": cost.describe() if hasattr(cost, "describe") else {},
+                     "rounds": trial.rounds, "table": cost.describe() if hasattr(cost, "describe") else {},
                      "batch": int(inputs[0].shape[0]) if isinstance(inputs[0], torch.Tensor) else None}
     return result
+
+
+class _Trial:
+    """One round of ``search``: cut, time against the original, record the round. Called with
+    (masks, threshold, the goal the estimate aimed at), it gives (result, got, slack, the
+    round), the last three None where the cut does not run (``checked``: for the check to
+    refuse). ``rounds``: every round so far."""
+
+    def __init__(self, model: nn.Module, plan, inputs: tuple, cost: LatencyModel, est: Estimator,
+                 kind: str, asked: float, goal_ms: float, checked: bool):
+        self.model, self.plan, self.inputs, self.cost, self.est = model, plan, inputs, cost, est
+        self.kind, self.asked, self.goal_ms, self.checked = kind, asked, goal_ms, checked
+        self.rounds: list[dict] = []
+
+    def __call__(self, masks, threshold, goal: float | None):
+        result = self.plan.build(masks, threshold, [])
+        try:  # as prune returns it (budget.measured): a cut that does not run is the check's to refuse
+            with modes_kept(self.model), modes_kept(result.model):
+                original, pruned = measured(result, lambda m: self.cost.network([self.model, m], self.inputs))
+        except GraphError:
+            if not self.checked:
+                raise
+            result.budget = {"what": "latency", "kind": self.kind, "asked": self.asked,
+                             "target": self.goal_ms, "achieved": None}
+            return result, None, None, None
+        ratios = [p / o for p, o in zip(pruned, original)]
+        achieved_ms, spread_ms = median_spread(pruned)
+        ratio, ratio_spread = median_spread(ratios)
+        got, spread = (ratio, ratio_spread) if self.kind == "fraction" else (achieved_ms, spread_ms)
+        # how far the median itself may be off: 1.25 sigma / sqrt(n), sigma ~ 1.48 half-IQRs
+        error = 1.86 * spread / math.sqrt(len(ratios))
+        estimated = self.est.at_widths({n: layer_widths(result.model.get_submodule(n)) for n in
+                                        (layer.name for layer in self.est.layers)})
+        self.rounds.append({"estimated_ms": estimated, "goal_ms": goal, "achieved_ms": achieved_ms,
+                            "original_ms": statistics.median(original), "spread_ms": spread_ms,
+                            "fraction": ratio, "fraction_spread": ratio_spread, "error": error,
+                            "slack": max(error, TOLERANCE * self.asked)})
+        return result, got, self.rounds[-1]["slack"], self.rounds[-1]
 
 
 def _by_measurement(plan, allowed, limits: dict, kind: str, asked: float, trial):

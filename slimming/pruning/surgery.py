@@ -139,58 +139,62 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     convolution the module's forward called on those channels (a blur filter's), or a size its
     forward split or reshaped its channels by (an attention's ``key_dim``, ``head_dim``): those
     must follow them; the others ``prune``'s check vouches for."""
-    split = set(graph.split_sizes)
-
-    def change(name: str, attr: str, old: int, value: int, sure: bool) -> None:
-        changed.append(WidthChange(name, attr, old, value, sure))
-        setattr(new.get_submodule(name), attr, value)
-
-    def kept(m: Map) -> int:
-        return int(graph.mask_of(m, group_masks).sum())
-
-    def widths_of(maps: list[Map]) -> dict[int, set[int]]:
-        widths: dict[int, set[int]] = {}
-        for m in maps:
-            if m.factor == 1:
-                widths.setdefault(m.channels, set()).add(kept(m))
-        return widths
-
-    unclear, changed = [], []
+    changed, unclear = [], []
     for name, (space, attr) in graph.head_modules.items():  # attention heads cut whole: their number
-        heads = group_masks.get(graph.find(space))
-        module = new.get_submodule(name)
+        heads, module = group_masks.get(graph.find(space)), new.get_submodule(name)
         if heads is not None and not bool(heads.all()) and getattr(module, attr, None) == len(heads):
-            change(name, attr, len(heads), int(heads.sum()), True)  # must follow the heads
+            _change(module, WidthChange(name, attr, len(heads), int(heads.sum()), True), changed)
     for name, module in new.named_modules():
-        if type(module).__module__.startswith("torch.") or is_layer(module):
-            continue  # torch's own modules keep no widths but the layers' (set by ``cut``)
-        ints = {a: v for a, v in vars(module).items()
-                if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
-        prefix = f"{name}." if name else ""
-        children = [m for child, _ in module.named_children() for m in graph.borders.get(prefix + child, [])]
-        # the heads its forward merged (``reshape(B, N, self.attn_dim)``), then what its forward
-        # made, then its inputs and outputs, then its children's
-        sources = [widths_of(graph.merges.get(name, [])), widths_of(graph.frames.get(name, [])),
-                   widths_of(graph.borders.get(name, [])), widths_of(children)]
-        groups = widths_of([m for count, m in graph.group_counts.get(name, [])])
-        for attr, value in ints.items():
-            if value in groups and len(groups[value]) == 1:  # the groups= it convolved with
-                if groups[value] != {value}:
-                    change(name, attr, value, next(iter(groups[value])), True)
-                continue
-            side = _side(attr)  # out_channels: the width of what it gives, in_chs: of what it reads
-            if side is not None:
-                found = widths_of(graph.sides.get((name, side), [])).get(value)
-            else:
-                found = next((w[value] for w in sources if value in w), None)
-            if found is None or found == {value}:
-                continue
-            if len(found) == 1:
-                change(name, attr, value, next(iter(found)), (name, value) in split)
-            else:
-                unclear.append(prefix + attr)
+        if not (type(module).__module__.startswith("torch.") or is_layer(module)):
+            _module_widths(name, module, graph, group_masks, changed, unclear)
     if unclear:
         warnings.warn(f"{len(unclear)} integer attribute(s) held a width the cut changed and were left "
                       f"as they were (the trace cannot tell which width they mean): {', '.join(unclear[:6])}",
                       stacklevel=3)
     return changed
+
+
+def _change(module: nn.Module, change: WidthChange, changed: list[WidthChange]) -> None:
+    setattr(module, change.attr, change.new)
+    changed.append(change)
+
+
+def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_masks: dict[int, torch.Tensor],
+                   changed: list[WidthChange], unclear: list[str]) -> None:
+    """``update_widths`` for one module (torch's own modules keep no widths but the layers',
+    set by ``cut``): what each integer attribute becomes, added to ``changed``, or its name to
+    ``unclear``."""
+
+    def widths_of(maps: list[Map]) -> dict[int, set[int]]:
+        widths: dict[int, set[int]] = {}
+        for m in maps:
+            if m.factor == 1:
+                widths.setdefault(m.channels, set()).add(int(graph.mask_of(m, group_masks).sum()))
+        return widths
+
+    ints = {a: v for a, v in vars(module).items()
+            if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
+    prefix = f"{name}." if name else ""
+    children = [m for child, _ in module.named_children() for m in graph.borders.get(prefix + child, [])]
+    # the heads its forward merged (``reshape(B, N, self.attn_dim)``), then what its forward
+    # made, then its inputs and outputs, then its children's
+    sources = [widths_of(graph.merges.get(name, [])), widths_of(graph.frames.get(name, [])),
+               widths_of(graph.borders.get(name, [])), widths_of(children)]
+    groups = widths_of([m for count, m in graph.group_counts.get(name, [])])
+    for attr, value in ints.items():
+        if value in groups and len(groups[value]) == 1:  # the groups= it convolved with
+            if groups[value] != {value}:
+                _change(module, WidthChange(name, attr, value, next(iter(groups[value])), True), changed)
+            continue
+        side = _side(attr)  # out_channels: the width of what it gives, in_chs: of what it reads
+        if side is not None:
+            found = widths_of(graph.sides.get((name, side), [])).get(value)
+        else:
+            found = next((w[value] for w in sources if value in w), None)
+        if found is None or found == {value}:
+            continue
+        if len(found) == 1:
+            sure = (name, value) in graph.split_sizes
+            _change(module, WidthChange(name, attr, value, next(iter(found)), sure), changed)
+        else:
+            unclear.append(prefix + attr)

@@ -34,7 +34,7 @@ from ..models.layers import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from . import index, ops, reshape
 from .capture import Call, CaptureError, capture
-from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names
+from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names, kept_summary
 from .layer_calls import layer, whole_layer
 from .ops import (
     CONSTANT_OPS,
@@ -150,7 +150,13 @@ class Walk:
     def leave(self, name: str, m: nn.Module, args: tuple, out) -> None:
         kind = module_kind(m)
         if kind is not None:
-            whole_layer(self, name, m, kind, args, out)
+            try:
+                whole_layer(self, name, m, kind, args, out)
+            except GraphError:
+                raise
+            except Exception as e:  # noqa: BLE001 (a layer its rule does not fit: kept, not followed)
+                self.opaque(type(m).__name__, f"a layer its rule does not fit: {first_line(e, 80)}",
+                            [x for x in map(self.get, tensors(args)) if x is not None], out)
         if name in self.ignore:
             for t in tensors(out):
                 self.pin_tensor(t, f"{name} is in ignore")
@@ -210,7 +216,7 @@ class Walk:
             warnings.warn(f"{len(self.g.unseen)} layer(s) did not run on the example input (in eval "
                           f"or training mode) and keep all their channels: {names} (the trace follows "
                           "the path the example takes)", stacklevel=3)
-        summary = self.g.kept_summary()
+        summary = kept_summary(self.g)
         if summary:
             warnings.warn(f"slimming kept channels it cannot follow one by one (the rest is cut "
                           f"exactly): {summary}", stacklevel=3)
