@@ -16,6 +16,7 @@ import slimming
 from slimming.models.gates import fold, gated_layers
 from slimming.models.layers import ChannelGate, HeadGate
 from slimming.pruning.graph import GraphError
+from slimming.pruning.trace import trace
 from slimming.pruning.verify import TOLERANCE, check
 
 
@@ -345,3 +346,76 @@ def test_a_vision_transformer_through_the_command_line_loses_whole_heads(tmp_pat
     assert main(["finetune", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), "--epochs", "1",
                  "--save", str(tmp_path / "f"), *data]) == 0
     assert slimming.load_model(tmp_path / "f" / "last.pth").blocks[4].attn.num_heads == 1
+
+
+def _timm_attention(name, **kw):
+    def build():
+        timm = pytest.importorskip("timm")
+        return timm.create_model(name, pretrained=False, num_classes=10, img_size=32, **kw)
+    return build
+
+
+MET_TWICE = {  # attention the trace met twice before (a training-mode pass): refused whole
+    "timm vit_relpos (relative positions)": _timm_attention(
+        "vit_relpos_small_patch16_224", patch_size=8, depth=2, embed_dim=48, num_heads=3),
+    "timm cait (class attention, talking heads)": _timm_attention(
+        "cait_xxs24_224", patch_size=8, depth=2, embed_dim=48, num_heads=3, depth_token_only=1),
+    "timm swinv2_cr (relative positions by an MLP)": _timm_attention(
+        "swinv2_cr_tiny_ns_224", window_size=4, embed_dim=24, depths=(1, 1), num_heads=(3, 3)),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("name", list(MET_TWICE))
+def test_attentions_with_relative_positions_or_class_attention_are_cut_with_their_gates(name, seed):
+    """Relative-position attention, class attention and talking heads apply a linear layer to
+    the attention map, which carries no channels; the trace took those layers for never run,
+    met every attention again in a training-mode forward, and refused the network ("a gate
+    used twice"). Gated and sparsity-shaped, each is now cut, exactly."""
+    torch.manual_seed(seed)
+    model = MET_TWICE[name]().eval()
+    slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
+    assert gates(model) and trace(model, torch.zeros(1, 3, 32, 32)).unseen == []  # they ran
+    sparsity_shaped(model, seed)
+    result, _, _ = cut_at_random(model, seed)
+    size = [sum(p.numel() for p in m.parameters()) for m in (result.model, model)]
+    assert size[0] < 0.95 * size[1]
+    assert not gates(result.model)
+
+
+class AuxViT(nn.Module):
+    """TinyViT with an auxiliary head that runs only in training mode (as GoogLeNet's and
+    Inception's do): the trace looks for it in a training-mode forward, where it meets every
+    attention and its head gate a second time."""
+
+    def __init__(self):
+        super().__init__()
+        self.vit, self.aux = TinyViT(), nn.Linear(24, 10)
+
+    def forward(self, x):
+        v = self.vit
+        x = v.patch(x).flatten(2).transpose(1, 2)
+        x = v.norm(v.blocks(torch.cat([v.cls_token.expand(len(x), -1, -1), x], dim=1) + v.pos_embed))
+        return (v.head(x[:, 0]), self.aux(x[:, 1:].mean(1))) if self.training else v.head(x[:, 0])
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_gate_met_twice_on_other_channels_keeps_its_own_and_the_rest_is_cut(seed):
+    """A module the trace meets twice on channels it cannot show to be the same (here each
+    head gate, whose heads the second, training-mode pass does not find again) is one set of
+    tensors: its channels are kept, not the whole network refused; everything else is cut,
+    exactly."""
+    torch.manual_seed(seed)
+    model = AuxViT().eval()
+    slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
+    heads = gated_layers(model, heads=True)
+    assert len(heads) == 3
+    sparsity_shaped(model, seed)
+    result, _, _ = cut_at_random(model, seed)
+    for proj in heads:
+        assert bool(result.masks[f"{proj}.slimming_gate"].all()), proj  # met twice: kept
+    cut = [n for n, keep in result.masks.items() if not bool(keep.all())]
+    assert cut and all("slimming_gate" not in n or n.rpartition(".")[0].endswith("fc2") for n in cut)
+

@@ -356,3 +356,27 @@ def test_an_op_of_your_own_is_followed_as_the_op_it_is_like():
         slimming.register_op("swish", like="no_such_op")
     with pytest.raises(slimming.SlimmingError, match="an op the trace does not know"):
         slimming.register_op("relu", like="silu")
+
+
+def test_a_layer_of_your_own_is_known_by_its_call_as_the_built_in_ones_are():
+    """A rule with ``calls`` is recognised the way convolutions and BatchNorms are: by the
+    torch function called with one module's tensors (here torchvision's deformable convolution
+    op, its weight at 1 and bias at 4); the offsets it also reads are kept. The cut is the one
+    the whole-module registration gives, exact, and the registration undone after."""
+    before = dict(layers.RULES), dict(layers.MODULE_RULES)
+    widths = {"in_channels": "in", "out_channels": "out"}
+    by_call = slimming.LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, widths=widths,
+                                 calls=("deform_conv2d",), positions=(("weight", 1), ("bias", 4)))
+    whole = slimming.LayerRule(reads={"weight": 1}, makes={"weight": 0, "bias": 0}, widths=widths)
+    model = Deform().eval()
+    sparsity_shaped(model, 5)
+    x = torch.randn(2, 3, 16, 16)
+    cuts = []
+    for rule in (by_call, whole):
+        with slimming.register_layer(torchvision.ops.DeformConv2d, rule):
+            result = slimming.prune(model, percent=0.5, example_inputs=x[:1], compensate=False)
+        assert result.model.dc.in_channels < 16 and result.model.offsets.out_channels == 18
+        assert_exact(model, result, x)
+        cuts.append({k: tuple(v.shape) for k, v in result.model.state_dict().items()})
+    assert cuts[0] == cuts[1]
+    assert (dict(layers.RULES), dict(layers.MODULE_RULES)) == before

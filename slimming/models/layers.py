@@ -19,13 +19,19 @@ buffer ``filt`` passed to ``F.conv2d`` as its weight) names them in ``attrs``.
 - ``normalises``: it normalises over the channels it carries, which lie last (a LayerNorm, an
   RMSNorm): cut, it normalises over the kept ones, its ``normalized_shape`` set to their count,
   and what the cut promises is the original with those statistics taken over the kept channels
-  (``slimming.pruning.norms``). Without a weight of its own it is not followed (kept).
+  (``slimming.pruning.norms``). Without a weight of its own it is not followed (kept);
+- how the trace knows it: ``modules``, the module types it matches (subclasses too; a string
+  matches a class name); ``calls``, the torch functions it is called through with one module's
+  tensors (``conv2d``, ``batch_norm``, ``layer_norm``), taking them at ``positions``
+  ({role, argument index}); ``last``: it reads its channels along the last dim (a linear
+  layer, a LayerNorm over tokens); ``shifts``: without its weight a zero channel does not stay
+  zero (a BatchNorm's running mean). A rule without ``calls`` is followed whole, as a module:
+  it reads the first input's channels and makes (or carries) the output's; the other inputs
+  are kept.
 
-The built-in kinds are recognised by the torch function they call with a module's tensors
-(``conv1d/2d/3d``, ``conv_transpose*``, ``linear``, ``batch_norm``) and by a per-channel
-parameter in a product or sum (``scale``). ``register_layer(ModuleType, rule)`` makes the trace
-follow modules of that type whole, as one layer: it reads the first input's channels and makes
-(or carries) the output's; the other inputs are kept.
+Every kind, built in or registered (``register_layer(ModuleType, rule)``), is a rule object in
+the one table (``RULES``); a layer scale is known by a per-channel parameter in a product or
+sum (``scale``).
 """
 
 from __future__ import annotations

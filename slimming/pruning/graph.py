@@ -30,6 +30,7 @@ Some sets of positions must keep equal counts (``equal``): the blocks of a group
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -127,6 +128,21 @@ class Use:
     map: Map
     attrs: dict[str, str] = field(default_factory=dict)
     groups: int = 1  # a grouped convolution's groups; for a ``scale``, the dim of its channels
+
+    @property
+    def slot(self) -> str | ScaleSlot:
+        """Which mask of its module this use gives: ``"in"`` (read), ``"out"`` (made),
+        ``"channels"`` (carried), or a ``ScaleSlot`` (a per-channel parameter along a dim)."""
+        if self.kind == "scale":
+            return ScaleSlot(self.attrs["weight"], self.groups)
+        return "in" if self.kind.endswith("_in") else "out" if self.kind.endswith("_out") else "channels"
+
+
+class ScaleSlot(NamedTuple):
+    """A module's per-channel parameter (a layer scale) cut along ``dim``."""
+
+    attr: str
+    dim: int
 
 
 @dataclass
@@ -332,6 +348,30 @@ class ChannelGraph:
     def pin(self, m: Map, why: str) -> None:
         for seg in m.segs:
             self.pins.append((seg, why))
+
+    def pin_shared(self) -> None:
+        """A module used more than once (called twice, or met again by the training-mode
+        forward) is one set of tensors, cut one way: where its uses of one slot do not come to
+        the same channels (and heads), those channels and heads are kept; the rest of the
+        network is still cut."""
+        by_slot: dict[tuple, list[Map]] = {}
+        for use in self.uses:
+            by_slot.setdefault((use.module, use.slot), []).append(use.map)
+        for (module, _), maps in by_slot.items():
+            if len(maps) < 2 or len({self._signature(m) for m in maps}) == 1:
+                continue
+            for m in maps:
+                self.pin(m, f"{module} is used twice on different channels")
+                for seg in self.resolve(m).segs:
+                    head = self.piece_head.get(seg.space)
+                    if head is not None:
+                        self.pin(Map([Seg(head[0], 0, self.sizes[head[0]], False)]),
+                                 f"{module} is used twice on different heads")
+
+    def _signature(self, m: Map) -> tuple:
+        """What ``mask_of`` reads of ``m``: its resolved runs, their groups and heads."""
+        return m.factor, tuple((self.find(s.space), s.start, s.length, self.piece_head.get(s.space))
+                               for s in self.resolve(m).segs)
 
     def equal_blocks(self, m: Map, blocks: int, kind: str) -> None:
         """The ``blocks`` equal runs of ``m`` keep equal counts of channels (``kind``: "chunk"

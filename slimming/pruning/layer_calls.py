@@ -37,6 +37,9 @@ def layer(w: Walk, s: Step) -> None:
     why = _misfit(w, s, rule, x_t, x, name, attrs)
     if why:
         return w.opaque(s.op, why, [m for _, m in s.inputs], s.out)
+    for t, m in s.inputs:  # other tracked inputs (a deformable convolution's offsets): kept
+        if t is not x_t:
+            w.g.pin(m, f"{name}: read by a {s.op} as other than its channels")
     ignored = name in w.ignore or w.in_ignored()
     if rule.makes:
         return _makes(w, s, kind, x_t, x, name, ignored, attrs)
@@ -66,7 +69,7 @@ def _misfit(w: Walk, s: Step, rule, x_t: torch.Tensor, x: Map, name: str | None,
     if x.dim != (x_t.dim() - 1 if rule.last else 1):
         return f"a {s.op} over other than its input's channels"
     if rule.makes:
-        return "" if x.factor == 1 or (s.op == "linear" and x_t.dim() == 2) else \
+        return "" if x.factor == 1 or (rule.last and x_t.dim() == 2) else \
             f"a {s.op} of a flattened tensor"
     out = s.out
     if x.factor != 1 or len(s.inputs) > 1 or not isinstance(out, torch.Tensor) or out.dim() < 2:
@@ -93,9 +96,9 @@ def _makes(w: Walk, s: Step, kind: str, x_t, x: Map, name: str, ignored: bool, a
     """A convolution or linear layer: new channels; a depthwise convolution carries its input's;
     a grouped one keeps equal counts in every group."""
     out = s.out
-    if kind == "linear":  # reads the last dim: (N, features), or tokens (N, L, C), channels-last
+    if RULES[kind].last:  # reads the last dim: (N, features), or tokens (N, L, C), channels-last
         return produce(w, name, kind, x, out.shape[-1], ignored, out, attrs, dim=out.dim() - 1)
-    groups = arg(s.args, s.kwargs, 6, "groups", 1)
+    groups = arg(s.args, s.kwargs, 6, "groups", 1) if RULES[kind].grouped or kind == "convt" else 1
     cin, cout = x_t.shape[1], out.shape[1]
     if kind == "convt":
         if groups != 1:

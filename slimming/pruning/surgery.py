@@ -20,7 +20,7 @@ from torch import nn
 
 from ..models.layers import RULES, is_layer
 from ..utils.modules import keep_slices
-from .graph import ChannelGraph, GraphError, Map, Use, structure_copy
+from .graph import ChannelGraph, GraphError, Map, ScaleSlot, Use, structure_copy
 from .ops import HEAD_ATTRS
 
 
@@ -32,8 +32,8 @@ def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str,
     for use in graph.uses:
         mask = graph.mask_of(use.map, group_masks).repeat_interleave(use.map.factor)
         slot = out.setdefault(use.module, {})
-        key = side_of(use) if use.kind != "scale" else f"scale:{use.attrs['weight']}:{use.groups}"
-        if key in slot and not torch.equal(slot[key], mask):
+        key = use.slot
+        if key in slot and not torch.equal(slot[key], mask):  # the trace pins these (graph.pin_shared)
             raise GraphError(f"{use.module} is used twice on different channels; slimming cannot "
                              "cut a shared module two ways (list it in keep_whole=)")
         slot[key] = mask
@@ -50,9 +50,8 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
     for name, keep in masks.items():
         m = new.get_submodule(name)
         for key, mask in keep.items():
-            if key.startswith("scale:"):  # a per-channel parameter (layer scale), along its dim
-                _, attr, dim = key.split(":")
-                RULES["scale"].cut(m, {"channels": mask}, {"weight": attr}, int(dim))
+            if isinstance(key, ScaleSlot):  # a per-channel parameter (layer scale), along its dim
+                RULES["scale"].cut(m, {"channels": mask}, {"weight": key.attr}, key.dim)
         use = how.get(name)
         if use is not None:
             RULES[kind_of(use)].cut(m, keep, use.attrs, use.groups)
@@ -90,11 +89,6 @@ def kind_of(use: Use) -> str:
     """The layer kind of a use (``conv_in`` -> ``conv``)."""
     return use.kind[:-3] if use.kind.endswith("_in") else use.kind[:-4] if use.kind.endswith("_out") \
         else use.kind
-
-
-def side_of(use: Use) -> str:
-    """Which mask a use gives its module: ``in`` (read), ``out`` (made) or ``channels``."""
-    return "in" if use.kind.endswith("_in") else "out" if use.kind.endswith("_out") else "channels"
 
 
 # integer attributes that never hold a width, whatever value they have
@@ -139,14 +133,14 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     convolution the module's forward called on those channels (a blur filter's), or a size its
     forward split or reshaped its channels by (an attention's ``key_dim``, ``head_dim``): those
     must follow them; the others ``prune``'s check vouches for."""
-    changed, unclear = [], []
+    changed, unclear, counts = [], [], {}
     for name, (space, attr) in graph.head_modules.items():  # attention heads cut whole: their number
         heads, module = group_masks.get(graph.find(space)), new.get_submodule(name)
         if heads is not None and not bool(heads.all()) and getattr(module, attr, None) == len(heads):
             _change(module, WidthChange(name, attr, len(heads), int(heads.sum()), True), changed)
     for name, module in new.named_modules():
         if not (type(module).__module__.startswith("torch.") or is_layer(module)):
-            _module_widths(name, module, graph, group_masks, changed, unclear)
+            _module_widths(name, module, graph, group_masks, changed, unclear, counts)
     if unclear:
         warnings.warn(f"{len(unclear)} integer attribute(s) held a width the cut changed and were left "
                       f"as they were (the trace cannot tell which width they mean): {', '.join(unclear[:6])}",
@@ -160,20 +154,25 @@ def _change(module: nn.Module, change: WidthChange, changed: list[WidthChange]) 
 
 
 def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_masks: dict[int, torch.Tensor],
-                   changed: list[WidthChange], unclear: list[str]) -> None:
+                   changed: list[WidthChange], unclear: list[str], counts: dict) -> None:
     """``update_widths`` for one module (torch's own modules keep no widths but the layers',
     set by ``cut``): what each integer attribute becomes, added to ``changed``, or its name to
-    ``unclear``."""
+    ``unclear``. ``counts``: id of a map -> (the map, its kept count), shared by the modules."""
+
+    ints = {a: v for a, v in vars(module).items()
+            if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
+    if not ints:
+        return
 
     def widths_of(maps: list[Map]) -> dict[int, set[int]]:
         widths: dict[int, set[int]] = {}
         for m in maps:
             if m.factor == 1:
-                widths.setdefault(m.channels, set()).add(int(graph.mask_of(m, group_masks).sum()))
+                if id(m) not in counts:  # the same map is many modules' input or output
+                    counts[id(m)] = (m, int(graph.mask_of(m, group_masks).sum()))
+                widths.setdefault(m.channels, set()).add(counts[id(m)][1])
         return widths
 
-    ints = {a: v for a, v in vars(module).items()
-            if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
     prefix = f"{name}." if name else ""
     children = [m for child, _ in module.named_children() for m in graph.borders.get(prefix + child, [])]
     # the heads its forward merged (``reshape(B, N, self.attn_dim)``), then what its forward

@@ -35,7 +35,7 @@ from ..utils.modules import modes_kept
 from . import index, ops, reshape
 from .capture import Call, CaptureError, capture
 from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names, kept_summary
-from .layer_calls import layer, whole_layer
+from .layer_calls import layer, owned, whole_layer
 from .ops import (
     CONSTANT_OPS,
     ELEMENTWISE,
@@ -191,11 +191,13 @@ class Walk:
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
+        op = OP_ALIASES.get(s.op, s.op)  # an op of your own, followed as the known one it is like
         if not s.inputs:
+            if op in self.calls:  # a layer on what carries no channels (an attention map): it ran
+                owned(self, s, RULES[self.calls[op]].positions)
             if isinstance(s.out, torch.Tensor) and s.op != "setitem":
                 self.set(s.out, None)  # a fresh tensor from constants, or one overwritten by them
             return
-        op = OP_ALIASES.get(s.op, s.op)  # an op of your own, followed as the known one it is like
         handler = layer if op in self.calls else DISPATCH.get(op)
         if handler is None:
             return self.opaque(op, "an op it does not know", [m for _, m in s.inputs], s.out)
@@ -210,6 +212,7 @@ class Walk:
         return [n for n in self.layer_names() if n not in self.seen]
 
     def finish(self) -> None:
+        self.g.pin_shared()
         self.g.unseen = self.unseen()
         if self.g.unseen:
             names = ", ".join(self.g.unseen[:5]) + (", ..." if len(self.g.unseen) > 5 else "")

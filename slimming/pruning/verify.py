@@ -87,10 +87,10 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
         for model in (original, pruned):
             if any(m.training for m in model.modules()):
                 model.eval()
-        with fingerprints(original, kept) as theirs:
-            want = leaves(original(*inputs))
-        with fingerprints(pruned) as ours:
+        with fingerprints(pruned) as ours:  # first: the reference's then takes only the forms it has
             got = leaves(_forward(pruned, inputs))
+        with fingerprints(original, kept, ours) as theirs:
+            want = leaves(original(*inputs))
         diff = difference(got, want)
         if diff <= tolerance:
             inner = first_inner_difference(ours, theirs, tolerance)
@@ -238,11 +238,13 @@ def stable_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, nud
 
 
 @contextlib.contextmanager
-def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
+def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None, shapes: dict | None = None):
     """Yields {module: (shape, fingerprint) of each floating output} for the first call of
     every module of ``model`` in the block; ``kept`` (module -> keep-mask of its output
     channels): those modules' outputs are fingerprinted on every way the mask can narrow them
-    (along dim 1, or the last dim of channels-last tokens), as the pruned network has them. A
+    (along dim 1, or the last dim of channels-last tokens), as the pruned network has them;
+    ``shapes`` (the pruned network's fingerprints, taken first): only on the ways that give
+    the shape the pruned network's output has there, where it has one. A
     fingerprint is two numbers, whatever the output's size (``_fingerprint``). A container's
     output, the same tensor as its last child's, is not fingerprinted twice. Each is taken when
     its module returns, so a tensor an in-place op changes later is seen as it was then."""
@@ -263,8 +265,11 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
                     last.update(tensor=t, version=t._version, form=[(tuple(t.shape), _fingerprint(t))])
                 variants.append(last["form"])
                 continue
-            forms = [t] + [t.index_select(d, index.to(t.device)) for d in sorted({1, t.dim() - 1})
-                           if t.shape[d] == len(kept[name])]
+            ways = [None] + [d for d in sorted({1, t.dim() - 1}) if t.shape[d] == len(kept[name])]
+            wanted = _shapes_at(shapes, name, len(variants))
+            if wanted is not None:  # only the ways that give the pruned network's shape
+                ways = [d for d in ways if _narrowed_shape(t, d, len(index)) in wanted]
+            forms = [t if d is None else t.index_select(d, index.to(t.device)) for d in ways]
             variants.append([(tuple(f.shape), _fingerprint(f)) for f in forms])
         return variants
 
@@ -284,9 +289,27 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None):
         for device, signs in list(_SIGNS.items()):  # kept for the next check, up to 64 MiB each
             if signs.numel() > _KEEP_SIGNS:
                 del _SIGNS[device]
+        if sum(s.numel() for s in _PERMUTED.values()) > _KEEP_SIGNS:
+            _PERMUTED.clear()
+
+
+def _shapes_at(shapes: dict | None, name: str, i: int) -> set[tuple] | None:
+    """The shapes of output ``i`` of module ``name`` in the pruned network's fingerprints."""
+    outputs = (shapes or {}).get(name)
+    if outputs is None or i >= len(outputs) or not outputs[i]:
+        return None
+    return {shape for shape, _ in outputs[i]}
+
+
+def _narrowed_shape(t: torch.Tensor, d: int | None, n: int) -> tuple:
+    shape = list(t.shape)
+    if d is not None:
+        shape[d] = n
+    return tuple(shape)
 
 
 _SIGNS: dict[torch.device, torch.Tensor] = {}  # device -> a fixed random +-1 per position
+_PERMUTED: dict[tuple, torch.Tensor] = {}  # (device, shape, memory order) -> those signs in that order
 _KEEP_SIGNS = 1 << 24  # longer ones (a batch of large images) are made again the next time
 _CHUNK = 1 << 16
 
@@ -295,16 +318,39 @@ def _fingerprint(t: torch.Tensor) -> torch.Tensor:
     """(sum of squares, dot product with fixed random signs) of ``t``, on its device. Where two
     tensors differ by d, their second numbers differ by about |d| (its spread over random
     signs), so that, against the square root of the first, it measures any change (values
-    moved to other positions too) alike at every size."""
-    t = t.detach().flatten().float()
-    signs = _SIGNS.get(t.device)
+    moved to other positions too) alike at every size. The signs are those of ``t``'s
+    positions in row-major order whatever its memory layout; a permuted tensor (channels-last
+    tokens of a (N, C, H, W) map) is read in its memory's order against signs laid out the
+    same way (kept per shape and order), not copied."""
+    t = t.detach().float()
+    n = t.numel()
+    signs = _signs(t.device, n)
+    if t.is_contiguous():
+        flat = t.view(-1)
+    else:
+        order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+        p = t.permute(order)
+        if p.is_contiguous():
+            flat, key = p.view(-1), (t.device, tuple(t.shape), tuple(order))
+            signs = _PERMUTED.get(key)
+            if signs is None:
+                signs = _PERMUTED[key] = _signs(t.device, n).view(t.shape).permute(order).reshape(-1)
+        else:
+            flat = t.reshape(-1)
+    return torch.stack([flat.dot(flat), flat.dot(signs)])
+
+
+def _signs(device: torch.device, n: int) -> torch.Tensor:
+    """The first ``n`` of a fixed random +-1 per position (chunk i from seed i: the same signs
+    at a position, however many)."""
+    signs = _SIGNS.get(device)
     if signs is None:
-        signs = torch.zeros(0, device=t.device)
-    if len(signs) < t.numel():  # chunk i from seed i: the same signs at a position, however many
+        signs = torch.zeros(0, device=device)
+    if len(signs) < n:
         more = [(torch.randint(0, 2, (_CHUNK,), generator=torch.Generator().manual_seed(i)) * 2 - 1).float()
-                for i in range(len(signs) // _CHUNK, -(-t.numel() // _CHUNK))]
-        signs = _SIGNS[t.device] = torch.cat([signs, torch.cat(more).to(t.device)])
-    return torch.stack([t.dot(t), t.dot(signs[:t.numel()])])
+                for i in range(len(signs) // _CHUNK, -(-n // _CHUNK))]
+        signs = _SIGNS[device] = torch.cat([signs, torch.cat(more).to(device)])
+    return signs[:n]
 
 
 def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[str, float] | None:
