@@ -9,11 +9,12 @@ For each network, on random sparsity-shaped gammas: the parameters each tool cut
 pruned network runs and is exact (its outputs equal the original's with the cut channels'
 gamma and beta zeroed, max relative difference under 1e-4; for detectors whose outputs pass
 through non-maximum suppression, slimming's own check, module by module); the in-process prune
-time of each (median of interleaved runs in one process; slimming's without its check,
-Torch-Pruning's including the copy it needs to leave the model intact; the garbage of each run
-collected before the next, so that neither pays for the other's); and what slimming's check
-costs, in forwards of the original at the example's size. Torch-Pruning is installed for this
-benchmark only (``pip install torch-pruning``); it is never a dependency of slimming.
+time of each (median of interleaved runs in one process; slimming's without its check and with
+it, the default; Torch-Pruning's including the copy it needs to leave the model intact; the
+garbage of each run collected before the next, so that neither pays for the other's); and what
+slimming's check costs, in forwards of the original at the example's size. Torch-Pruning is
+installed for this benchmark only (``pip install torch-pruning``); it is never a dependency of
+slimming.
 
     python benchmarks/network_table.py [--size 224] [--repeats 3] [--only resnet50,...]
         [--out runs/network_table.json]
@@ -239,11 +240,11 @@ def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: in
     except Exception as e:
         row.update(tp_error=f"{type(e).__name__} while pruning: {str(e)[:120]}")
     if "ours_error" not in row:
-        fns = [lambda: ours().model] + ([theirs] if "tp_cut" in row else [])
+        fns = [lambda: ours().model, lambda: ours(verify=True).model] + ([theirs] if "tp_cut" in row else [])
         t = timed(fns, repeats)
-        row["ours_ms"] = 1000 * t[0]
-        if len(t) > 1:
-            row["tp_ms"] = 1000 * t[1]
+        row["ours_ms"], row["checked_ms"] = 1000 * t[0], 1000 * t[1]
+        if len(t) > 2:
+            row["tp_ms"] = 1000 * t[2]
         pruned = ours()  # the check against forwards of the original, interleaved
         with torch.no_grad():
             check_s, forward_s = timed([lambda: check(model, pruned, example), lambda: model(example)],
@@ -286,8 +287,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     rows = []
     print("| network | parameters | slimming: cut, result | Torch-Pruning: cut, result | "
-          "slimming ms | Torch-Pruning ms | ratio | check (forwards) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "slimming ms | checked ms | Torch-Pruning ms | ratio | checked ratio | check (forwards) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, build, shape, keep, discrete in networks(args.size):
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
@@ -298,15 +299,24 @@ def main() -> None:
                    "ours_error": f"not built: {type(e).__name__}: {str(e)[:100]}",
                    "tp_error": "not built"}
         rows.append(row)
-        ratio = f"{row['ours_ms'] / row['tp_ms']:.2f}" if "tp_ms" in row and "ours_ms" in row else "-"
+        ratio, checked = (f"{row[k] / row['tp_ms']:.2f}" if "tp_ms" in row and k in row else "-"
+                          for k in ("ours_ms", "checked_ms"))
         forwards = f"{row['check_forwards']:.1f}" if "check_forwards" in row else "-"
         print(f"| {name} @{row['size']} | {row['params'] / 1e6:.2f}M | {cell(row, 'ours')} | "
               f"{cell(row, 'tp')} | {row.get('ours_ms', float('nan')):.0f} | "
-              f"{row.get('tp_ms', float('nan')):.0f} | {ratio} | {forwards} |", flush=True)
+              f"{row.get('checked_ms', float('nan')):.0f} | {row.get('tp_ms', float('nan')):.0f} | "
+              f"{ratio} | {checked} | {forwards} |", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(rows, indent=2))  # as it goes: a long run keeps what it did
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(rows, indent=2))
+    both = [r for r in rows if "tp_ms" in r and "ours_ms" in r]
+    if both:
+        median = {k: statistics.median(r[k] / r["tp_ms"] for r in both) for k in ("ours_ms", "checked_ms")}
+        forwards = statistics.median(r["check_forwards"] for r in rows if "check_forwards" in r)
+        print(f"\nmedian over the {len(both)} networks both tools prune: slimming over Torch-Pruning "
+              f"{median['ours_ms']:.2f}x unchecked, {median['checked_ms']:.2f}x checked (the default); "
+              f"the check {forwards:.2f} forwards of the original")
 
 
 if __name__ == "__main__":

@@ -261,3 +261,21 @@ def test_measuring_latency_leaves_the_model_trainable():
     model.train()
     model(torch.randn(2, 3, 32, 32)).sum().backward()  # no inference tensors among the weights
     assert all(p.is_contiguous() for p in model.parameters())
+
+
+def test_a_constant_input_folds_without_the_convolution_and_the_same():
+    """Where each cut channel is one value over the whole map (its beta's activation), the fold
+    is the convolution's mean output, computed from each tap's share of positions inside the
+    image instead of running it: the same as the convolution's, over random kernels, strides,
+    paddings, dilations and map sizes; a map that varies is left to the convolution."""
+    from slimming.pruning.repair import _constant_conv_mean
+    rng = random.Random(0)
+    for _ in range(200):
+        conv = nn.Conv2d(6, 4, (rng.choice([1, 3, 5]), rng.choice([1, 3])), stride=(rng.choice([1, 2, 3]), 2),
+                         padding=(rng.choice([0, 1, 2]), 1), dilation=(rng.choice([1, 2]), 1))
+        xs = torch.randn(2, 6, 1, 1).expand(2, 6, rng.randint(9, 20), rng.randint(5, 20)).contiguous()
+        w, cut = conv.weight.detach(), torch.rand(6) < 0.6
+        want = nn.functional.conv2d(xs[:, cut], w[:, cut], None, conv.stride, conv.padding,
+                                    conv.dilation).mean((2, 3))
+        assert torch.allclose(_constant_conv_mean(conv, xs[:, cut], w, cut), want, rtol=1e-5, atol=1e-6)
+    assert _constant_conv_mean(conv, torch.randn(2, int(cut.sum()), 9, 9), w, cut) is None

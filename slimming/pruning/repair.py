@@ -8,11 +8,14 @@ Compensation adds it back where it belongs: a layer that read the cut channel c 
 received, at every output o, the constant ``sum_kh,kw W[o, c, kh, kw] * act(beta_c)``; that goes
 into the layer's bias, or, for a layer without one that feeds a BatchNorm directly, into that
 BatchNorm's running mean (subtracted: BN(z + d) with mean m equals BN(z) with mean m - d).
-The constants are read off the original network itself: it is run on 8 random images with
+The constants are read off the original network itself: it is run on 2 random images with
 the cut channels' gamma set to zero (the network sparsity training approaches), and what each
 reader received from the cut channels is computed with its own weights and averaged over its
-output positions (the same for every image, or the channel is not constant and is left). The
-folds are kept only if they bring the pruned network closer to that one on those images.
+output positions (the same for both images, or the channel is not constant and is left; where
+the input is one value over the map, from each tap's share of the positions, without running
+the convolution). The folds are kept only if they bring the pruned network closer to that one
+on those images. Three forwards in all: the original's, the pruned one's before the folds
+(which also finds the BatchNorm after each reader) and after.
 Exact where the reader is a 1x1 convolution or a linear layer (after pooling or flattening).
 For a zero-padded kxk convolution the contribution is the same everywhere the kernel lies
 inside the image and smaller at the border, where part of the kernel reads padding; the fold
@@ -46,7 +49,7 @@ _BN = nn.modules.batchnorm._BatchNorm
 
 @torch.no_grad()
 @full_precision()  # the constants go into the file: not TF32's on CUDA
-def compensate(original: nn.Module, result, example: torch.Tensor, probes: int = 8) -> dict:
+def compensate(original: nn.Module, result, example: torch.Tensor, probes: int = 2) -> dict:
     """Fold the constant outputs of ``result``'s cut channels into ``result.model`` (in place);
     ``original`` is left as it was. Returns {"layers", "folded", "unfolded", "applied"}:
     readers folded into, channel inputs folded and left, and whether the folds were kept.
@@ -62,8 +65,7 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     probe = probe_like(example, probes)
     seen, reference = _reference_inputs(original, result.masks, readers, probe)
     pruned = result.model
-    following = _batchnorm_after(pruned, readers, example)
-    before = _run(pruned, probe)
+    before, following = _batchnorm_after(pruned, readers, probe)
     undo = []
     for name, masks in readers.items():
         cut = ~masks["in"]
@@ -129,19 +131,46 @@ def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor) -> tuple[torc
     and for a padded kxk one wherever the kernel lies inside the image); and whether the
     other probe images give the same (a constant does not depend on the input)."""
     cut = cut.to(x.device)
-    w = layer.weight.detach()[:, cut]
+    w = layer.weight.detach()
     xs = x[:, cut] if isinstance(layer, nn.Conv2d) else x[..., cut]
     if len(xs) > 1 and torch.equal(xs, xs[:1].expand_as(xs)):
-        xs = xs[:1]  # every probe gave these inputs alike: one image says what all would (8x less work)
+        xs = xs[:1]  # every probe gave these inputs alike: one image says what all would
     if isinstance(layer, nn.Conv2d):
-        part = nn.functional.conv2d(xs, w, None, layer.stride, layer.padding, layer.dilation)
-        part = part.mean((2, 3))
-    else:  # a linear layer, on (N, features) or on tokens (N, L, features)
-        part = xs @ w.T
+        part = _constant_conv_mean(layer, xs, w, cut)
+        if part is None:
+            part = nn.functional.conv2d(xs, w[:, cut], None, layer.stride, layer.padding, layer.dilation)
+            part = part.mean((2, 3))
+    else:  # a linear layer, on (N, features) or on tokens (N, L, features): the others at zero
+        part = xs.new_zeros(*xs.shape[:-1], len(cut))
+        part[..., cut] = xs
+        part = part @ w.T
         part = part.flatten(1, -2).mean(1) if part.dim() > 2 else part
     part = part.float()
     a = part[0]
     return a, bool(torch.allclose(part, a.expand_as(part), rtol=1e-4, atol=1e-5 * (1 + float(a.abs().max()))))
+
+
+def _constant_conv_mean(layer: nn.Conv2d, xs: torch.Tensor, w: torch.Tensor,
+                        cut: torch.Tensor) -> torch.Tensor | None:
+    """``conv2d(xs, w[:, cut])`` averaged over its output positions, without the convolution
+    (or a copy of the weight), where each input channel of ``xs`` (the ``cut`` ones) is one
+    value over the whole map (a cut channel's constant, the usual case): each tap's weight
+    counts by the share of output positions at which it falls inside the image (zero padding:
+    outside, it reads 0). None where that does not hold."""
+    if layer.padding_mode != "zeros" or isinstance(layer.padding, str) or xs.dim() != 4 \
+            or not torch.equal(xs, xs[:, :, :1, :1].expand_as(xs)):
+        return None
+    shares = []
+    for n, k, s, p, d in zip(xs.shape[2:], w.shape[2:], layer.stride, layer.padding, layer.dilation):
+        out = (n + 2 * p - d * (k - 1) - 1) // s + 1
+        if out < 1:
+            return None
+        rows = torch.arange(out).unsqueeze(1) * s - p + torch.arange(k).unsqueeze(0) * d  # (out, k)
+        shares.append(((rows >= 0) & (rows < n)).to(w.device, w.dtype).mean(0))
+    values = xs.new_zeros(len(xs), len(cut))
+    values[:, cut] = xs[:, :, 0, 0]  # the kept channels at zero: the full weight, not a copy of its columns
+    taps = w.flatten(2) @ (shares[0][:, None] * shares[1][None, :]).flatten()  # (out, in): one read of w
+    return values @ taps.T
 
 
 def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple[dict, torch.Tensor]:
@@ -167,9 +196,9 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple
     return seen, output
 
 
-def _batchnorm_after(model: nn.Module, readers, example) -> dict[str, nn.Module]:
-    """For each reader, the BatchNorm that takes its output directly, if one does (found by
-    running the pruned network once and matching tensors)."""
+def _batchnorm_after(model: nn.Module, readers, probe: tuple) -> tuple[torch.Tensor, dict[str, nn.Module]]:
+    """``model``'s outputs on ``probe`` (``_run``), and for each reader the BatchNorm that takes
+    its output directly, if one does (found in that same forward by matching tensors)."""
     outputs, found, hooks = {}, {}, []
 
     def after(name):  # the tensor is kept, so that its id cannot pass to another one
@@ -182,20 +211,17 @@ def _batchnorm_after(model: nn.Module, readers, example) -> dict[str, nn.Module]
                 found[name] = bn
         return hook
 
-    with modes_kept(model):
-        try:
-            for name in readers:
-                hooks.append(model.get_submodule(name).register_forward_hook(after(name)))
-            for m in model.modules():
-                if isinstance(m, _BN):
-                    hooks.append(m.register_forward_pre_hook(before(m)))
-            model.eval()
-            with torch.no_grad():
-                model(*probe_like(example, 1))
-        finally:
-            for h in hooks:
-                h.remove()
-    return found
+    try:
+        for name in readers:
+            hooks.append(model.get_submodule(name).register_forward_hook(after(name)))
+        for m in model.modules():
+            if isinstance(m, _BN):
+                hooks.append(m.register_forward_pre_hook(before(m)))
+        output = _run(model, probe)
+    finally:
+        for h in hooks:
+            h.remove()
+    return output, found
 
 
 @torch.no_grad()
