@@ -8,6 +8,7 @@ To compare two checkouts side by side, run it under each in turn (fresh processe
 so that both see the same machine), e.g. with the older tree's ``slimming/`` on PYTHONPATH:
 
     python benchmarks/check_cost.py [--nets resnet18 mobilenet_v2 ...] [--threads 2]
+    python benchmarks/check_cost.py --table --threads 1    # every network of the network table
 """
 
 from __future__ import annotations
@@ -68,11 +69,51 @@ def one(name: str) -> str:
     return f"| {name} | {check} | {unchecked:.0f} | {checked:.0f} |"
 
 
+def table(threads: int) -> None:
+    """The check in forwards of the original (median of 5 interleaved pairs, on the check's own
+    random input) on every network of the network table (``network_table.networks``: seed 0,
+    its heads kept as the table keeps them), and the median over them."""
+    from network_table import networks, with_statistics
+
+    from slimming.pruning.repair import probe_like
+
+    torch.set_num_threads(threads)
+    ratios = []
+    for name, build, shape, keep, _ in networks(224):
+        torch.manual_seed(0)
+        try:
+            model = build().eval()
+            sparsity_shaped(model, seed=0)
+            with_statistics(model)
+            example = torch.zeros(1, *shape)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = slimming.prune(model, percent=0.3, importance="bn-mean", example_inputs=example,
+                                        compensate=False, ignore=(keep or ((), ()))[0], verify=False)
+                probe, pairs = probe_like(example), []
+                with torch.no_grad():
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        model(*probe)
+                        t1 = time.perf_counter()
+                        verify.check(model, result, example)
+                        pairs.append((time.perf_counter() - t1) / (t1 - t0))
+        except Exception as e:  # refused, or not built here: say so, go on
+            print(f"| {name} | - ({type(e).__name__}) |", flush=True)
+            continue
+        ratios.append(statistics.median(pairs))
+        print(f"| {name} | {ratios[-1]:.2f} |", flush=True)
+    print(f"\nmedian over {len(ratios)} networks: {statistics.median(ratios):.2f} forwards")
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--nets", nargs="+", default=list(NETS), choices=NETS)
     p.add_argument("--threads", type=positive_int, default=2)
+    p.add_argument("--table", action="store_true", help="the check alone, on every network of the table")
     args = p.parse_args()
+    if args.table:
+        return table(args.threads)
     torch.set_num_threads(args.threads)
     print("| network | check (forwards, IQR) | prune ms, verify=False | prune ms, checked |")
     print("|---|---|---|---|")

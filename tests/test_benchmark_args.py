@@ -26,6 +26,7 @@ def cases(f: Path, d: Path) -> dict[str, list[str]]:
         "loader_speed.py": ["--cache-dir", str(f)],
         "pack_images.py": [str(d), str(d)],
         "compare_trees.py": [str(d), str(d)],
+        "same_cuts.py": ["--compare", str(d), str(f)],
         "detector.py": ["--out", str(f)],
         "network_table.py": ["--repeats", "0"],
         "heads.py": ["--percent", "2"],

@@ -349,30 +349,6 @@ class ChannelGraph:
         for seg in m.segs:
             self.pins.append((seg, why))
 
-    def pin_shared(self) -> None:
-        """A module used more than once (called twice, or met again by the training-mode
-        forward) is one set of tensors, cut one way: where its uses of one slot do not come to
-        the same channels (and heads), those channels and heads are kept; the rest of the
-        network is still cut."""
-        by_slot: dict[tuple, list[Map]] = {}
-        for use in self.uses:
-            by_slot.setdefault((use.module, use.slot), []).append(use.map)
-        for (module, _), maps in by_slot.items():
-            if len(maps) < 2 or len({self._signature(m) for m in maps}) == 1:
-                continue
-            for m in maps:
-                self.pin(m, f"{module} is used twice on different channels")
-                for seg in self.resolve(m).segs:
-                    head = self.piece_head.get(seg.space)
-                    if head is not None:
-                        self.pin(Map([Seg(head[0], 0, self.sizes[head[0]], False)]),
-                                 f"{module} is used twice on different heads")
-
-    def _signature(self, m: Map) -> tuple:
-        """What ``mask_of`` reads of ``m``: its resolved runs, their groups and heads."""
-        return m.factor, tuple((self.find(s.space), s.start, s.length, self.piece_head.get(s.space))
-                               for s in self.resolve(m).segs)
-
     def equal_blocks(self, m: Map, blocks: int, kind: str) -> None:
         """The ``blocks`` equal runs of ``m`` keep equal counts of channels (``kind``: "chunk"
         or "groups")."""
@@ -583,3 +559,29 @@ def _copied(value):
     if isinstance(value, dict):
         return {k: list(v) if isinstance(v, list) else v for k, v in value.items()}
     return value
+
+
+def pin_shared(graph: ChannelGraph) -> None:
+    """A module used more than once (called twice, or met again by the training-mode
+    forward) is one set of tensors, cut one way: where its uses of one slot do not come to
+    the same channels (and heads), those channels and heads are kept; the rest of the
+    network is still cut."""
+    by_slot: dict[tuple, list[Map]] = {}
+    for use in graph.uses:
+        by_slot.setdefault((use.module, use.slot), []).append(use.map)
+    for (module, _), maps in by_slot.items():
+        if len(maps) < 2 or len({_signature(graph, m) for m in maps}) == 1:
+            continue
+        for m in maps:
+            graph.pin(m, f"{module} is used twice on different channels")
+            for seg in graph.resolve(m).segs:
+                head = graph.piece_head.get(seg.space)
+                if head is not None:
+                    graph.pin(Map([Seg(head[0], 0, graph.sizes[head[0]], False)]),
+                              f"{module} is used twice on different heads")
+
+
+def _signature(graph: ChannelGraph, m: Map) -> tuple:
+    """What ``mask_of`` reads of ``m``: its resolved runs, their groups and heads."""
+    return m.factor, tuple((graph.find(s.space), s.start, s.length, graph.piece_head.get(s.space))
+                           for s in graph.resolve(m).segs)

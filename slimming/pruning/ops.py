@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch import nn
 
+from ..errors import SlimmingError, first_line
 from .graph import ChannelGraph, Map
 
 # Element-wise or per-channel ops that map zero to zero (a zeroed channel stays zero) ...
@@ -129,6 +130,21 @@ def leaves(value, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]
     else:
         items = list(vars(value).values())
     return [t for v in items for t in leaves(v, depth + 1, seen)]
+
+
+def picker(output_transform):
+    """``output_transform`` as a function of the model's output (the output itself without
+    one); what it raises is one line naming it."""
+    if output_transform is None:
+        return lambda out: out
+
+    def pick(out):
+        try:
+            return output_transform(out)
+        except Exception as e:  # noqa: BLE001 (the user's function: any failure is one line)
+            raise SlimmingError(f"output_transform failed on the model's output: {first_line(e, 120)}",
+                                param="output_transform") from None
+    return pick
 
 
 def tensors(value) -> list[torch.Tensor]:

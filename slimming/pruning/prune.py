@@ -15,11 +15,12 @@ layers read shared tensors) cuts per BN exactly the weights the family lists
 their surgery (tested): each checks the other. Then ``repair`` folds what the cut channels
 still gave into the layers that read them.
 
-``prune`` itself is a pipeline: plan (the groups, scored), cut (``_cut``: by share, threshold
-or budget), vouch (``_vouch``: the check, or with ``verify=False`` one run of the pruned
-network), and where that refuses, keep what failed (``_retry``: the heads and size splits, then
-a block's type) and cut again; each refusal is a ``Retry`` in ``result.retries``. Then the
-family's cfg, the warnings, compensation and the gates folded away.
+``prune`` itself is a pipeline of named steps (``_Steps``): ``checked_cut`` plans (the groups,
+scored: ``_traced_plan`` / ``_family_plan``), cuts (``_cut``: by share, threshold or budget),
+vouches (``_vouch``: the check, or with ``verify=False`` one run of the pruned network), and
+where that refuses, keeps what failed (``_retry``: the heads and size splits, then a block's
+type) and cuts again, each refusal a ``Retry`` in ``result.retries``; ``settle`` gives a traced
+family its cfg, warns, compensates and folds the gates away.
 """
 
 from __future__ import annotations
@@ -187,7 +188,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           target_params: float | None = None, round_to: int | str = 1, max_layer_prune: float = 1.0,
           compensate: bool = True, keep_whole=(), verify: bool = True,
           target_latency: float | str | None = None, latency_model=None,
-          cut_heads: bool = True) -> PruneResult:
+          cut_heads: bool = True, output_transform: Callable | None = None) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
     How many channels go, one of:
@@ -228,7 +229,11 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     made again, with one warning; False keeps them from the start (each cut refused so is in
     ``result.retries``). ``compensate`` (default) folds the
     constant output a cut channel still had (its activation of beta) into the layers that read
-    it (``slimming.pruning.repair``); False gives the paper's network exactly. The original
+    it (``slimming.pruning.repair``); False gives the paper's network exactly.
+    ``output_transform`` (Torch-Pruning's name): a function of the model's output giving the
+    outputs whose values and widths must stay (default: all of them); a detector head that
+    also passes its inputs out (``(y, {"feats": [...]})``) takes ``lambda out: out[0]``, so that
+    those features are cut where their producers are and the check compares ``y``. The original
     model is left untouched (every module's train/eval flag too); the new one is on the same
     device, each module in the mode it had.
     """
@@ -236,7 +241,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     importance = _criterion(importance)
     how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
                target_latency=target_latency, latency_model=latency_model)
-    _check_arguments(surgery, round_to, how)
+    _check_arguments(surgery, round_to, {**how, "output_transform": output_transform})
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
@@ -247,7 +252,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
                             "percent or threshold", param=("target_flops", "target_params"))
     whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
     steps = _Steps(model, importance, example, traced, ignore, whole, verify,
-                   dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune), how)
+                   dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune), how,
+                   output_transform)
     with modes_kept(model):
         result = steps.checked_cut(follow_sizes=traced and cut_heads)
         steps.settle(result, compensate)
@@ -268,6 +274,9 @@ def _check_arguments(surgery: str, round_to, how: dict) -> None:
         speed.parse_latency(how["target_latency"])  # a bad budget answers before any work
     if round_to != "auto":
         number(round_to, "round_to", integer=True, low=1)
+    if how["output_transform"] is not None and not callable(how["output_transform"]):
+        raise SlimmingError("output_transform takes a function of the model's output (lambda out: out[0]), "
+                            f"not {type(how['output_transform']).__name__}", param="output_transform")
 
 
 @dataclass
@@ -285,15 +294,17 @@ class _Steps:
     verify: bool
     limits: dict
     how: dict
+    output_transform: Callable | None = None
 
     def checked_cut(self, follow_sizes: bool) -> PruneResult:
         """Plan, cut, check until the check passes; what was retried is in ``result.retries``."""
         kept, retries = (), []
         while True:
             plan = _traced_plan(self.model, self.importance, self.example, self.ignore, (*self.whole, *kept),
-                                follow_sizes) if self.traced else _family_plan(self.model, self.importance)
+                                follow_sizes, self.output_transform) if self.traced \
+                else _family_plan(self.model, self.importance)
             result = _cut(self.model, plan, self.example, self.limits, **self.how)
-            failure = _vouch(self.model, result, self.example, self.verify)
+            failure = _vouch(self.model, result, self.example, self.verify, self.output_transform)
             if failure is None:
                 result.retries = retries
                 return result
@@ -314,7 +325,8 @@ class _Steps:
             if note:
                 warnings.warn(note, stacklevel=3)
         if compensate:
-            result.compensation = repair.compensate(self.model, result, self.example)
+            result.compensation = repair.compensate(self.model, result, self.example,
+                                                    output_transform=self.output_transform)
         fold(result.model)  # gates into the layers they feed: no extra module
 
 
@@ -356,12 +368,13 @@ def _cut(model: nn.Module, plan, example, limits: dict, *, percent, threshold, t
     return plan.build(masks, cut_at, guarded)
 
 
-def _vouch(model: nn.Module, result: PruneResult, example, verify: bool) -> GraphError | None:
+def _vouch(model: nn.Module, result: PruneResult, example, verify: bool,
+           output_transform=None) -> GraphError | None:
     """The check (``verify``: ``result.verified`` set) or, unchecked, one run of the pruned
     network with only its sure widths set; the GraphError where it refuses, else None."""
     try:
         if verify:
-            result.verified = _checked(model, result, example)
+            result.verified = _checked(model, result, example, output_transform)
         else:
             if any(not change.sure for change in result.widths):
                 _settle(result, lambda: None, keep=lambda change: change.sure)
@@ -446,21 +459,24 @@ def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> 
             "(--max-layer-prune) caps what one layer loses")
 
 
-def _checked(model: nn.Module, result: PruneResult, example) -> float:
+def _checked(model: nn.Module, result: PruneResult, example, output_transform=None) -> float:
     """``verify.check``; where it fails and integer widths were set, once more with them as they
     were (the forward reads some as fixed sizes, not as the widths they matched), then each
     module's set again where the check still passes."""
+
+    def test() -> float:
+        return check(model, result, example, output_transform=output_transform)
     try:
-        return check(model, result, example)
+        return test()
     except GraphError:
         if not result.widths:
             raise
     for change in result.widths:  # the sure ones must follow their channels
         if not change.sure:
             setattr(result.model.get_submodule(change.module), change.attr, change.old)
-    check(model, result, example)  # wrong whatever the widths: the GraphError stands
-    _settle(result, lambda: check(model, result, example))
-    return check(model, result, example)
+    test()  # wrong whatever the widths: the GraphError stands
+    _settle(result, test)
+    return test()
 
 
 def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
@@ -569,7 +585,7 @@ def _block_of(model: nn.Module, name: str | None) -> type | None:
 
 
 def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_whole=(),
-                 follow_sizes: bool = False) -> Plan:
+                 follow_sizes: bool = False, output_transform=None) -> Plan:
     """Any network: trace its channel graph once, score the free channels of each prunable
     group; ``build`` puts the pinned channels back, evens out the equal-count blocks (grouped
     convolutions, chunks) and cuts a copy along the graph."""
@@ -577,7 +593,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
     if not factors:
         raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
                             "(network slimming scores channels by their scaling factors)")
-    graph = trace(model, example, ignore, keep_whole, follow_sizes)
+    graph = trace(model, example, ignore, keep_whole, follow_sizes, output_transform)
     everything = graph.groups()
     groups = [g for g in everything if g.prunable]
     if not groups:

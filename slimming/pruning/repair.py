@@ -41,7 +41,7 @@ from ..errors import SlimmingError
 from ..utils.devices import full_precision
 from ..utils.modules import modes_kept
 from .norms import kept_statistics
-from .ops import leaves
+from .ops import leaves, picker
 from .trace import as_inputs
 
 _BN = nn.modules.batchnorm._BatchNorm
@@ -49,7 +49,8 @@ _BN = nn.modules.batchnorm._BatchNorm
 
 @torch.no_grad()
 @full_precision()  # the constants go into the file: not TF32's on CUDA
-def compensate(original: nn.Module, result, example: torch.Tensor, probes: int = 2) -> dict:
+def compensate(original: nn.Module, result, example: torch.Tensor, probes: int = 2,
+               output_transform=None) -> dict:
     """Fold the constant outputs of ``result``'s cut channels into ``result.model`` (in place);
     ``original`` is left as it was. Returns {"layers", "folded", "unfolded", "applied"}:
     readers folded into, channel inputs folded and left, and whether the folds were kept.
@@ -57,15 +58,15 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     The folds are kept only if they bring the pruned network closer to the original with the
     cut gammas at zero, measured on ``probes`` random images (through the nonlinearities that
     follow, a partial fold, with other channels left, can overshoot): otherwise they are undone
-    and the network is the paper's."""
+    and the network is the paper's. ``output_transform``: what of the outputs is compared."""
     readers = {name: m for name, m in result.layers.items() if "in" in m and not bool(m["in"].all())}
     summary = {"layers": 0, "folded": 0, "unfolded": 0, "applied": False}
     if not readers:
         return summary
-    probe = probe_like(example, probes)
-    seen, reference = _reference_inputs(original, result.masks, readers, probe)
+    probe, pick = probe_like(example, probes), picker(output_transform)
+    seen, reference = _reference_inputs(original, result.masks, readers, probe, pick)
     pruned = result.model
-    before, following = _batchnorm_after(pruned, readers, probe)
+    before, following = _batchnorm_after(pruned, readers, probe, pick)
     undo = []
     for name, masks in readers.items():
         cut = ~masks["in"]
@@ -94,7 +95,7 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
         summary["folded"] += int(cut.sum())
     if not undo:
         return summary
-    after = _run(pruned, probe)
+    after = _run(pruned, probe, pick)
     if (after - reference).norm() <= (before - reference).norm():
         summary["applied"] = True
     else:
@@ -119,10 +120,12 @@ def _outputs(out) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.zeros(0)
 
 
-def _run(model: nn.Module, x: tuple) -> torch.Tensor:
-    """``model(*x)``'s outputs in eval mode, every module's mode restored after."""
+def _run(model: nn.Module, x: tuple, pick=None) -> torch.Tensor:
+    """``model(*x)``'s outputs (as ``pick`` takes them) in eval mode, every module's mode
+    restored after."""
     with modes_kept(model):
-        return _outputs(model.eval()(*x))
+        out = model.eval()(*x)
+        return _outputs(pick(out) if pick else out)
 
 
 def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -173,7 +176,8 @@ def _constant_conv_mean(layer: nn.Conv2d, xs: torch.Tensor, w: torch.Tensor,
     return values @ taps.T
 
 
-def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple[dict, torch.Tensor]:
+def _reference_inputs(original: nn.Module, masks: dict, readers, probe,
+                      pick=None) -> tuple[dict, torch.Tensor]:
     """What each reader receives from the original with the cut channels' gamma at zero, on
     the probe images, and that network's output (the gammas are restored, whatever happens)."""
     seen, hooks, saved = {}, [], []
@@ -187,7 +191,7 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple
             hooks.append(original.get_submodule(name).register_forward_hook(
                 lambda m, args, out, name=name: seen.__setitem__(name, args[0].detach())))
         with kept_statistics(original, masks):
-            output = _run(original, probe)
+            output = _run(original, probe, pick)
     finally:
         for h in hooks:
             h.remove()
@@ -196,7 +200,8 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe) -> tuple
     return seen, output
 
 
-def _batchnorm_after(model: nn.Module, readers, probe: tuple) -> tuple[torch.Tensor, dict[str, nn.Module]]:
+def _batchnorm_after(model: nn.Module, readers, probe: tuple,
+                     pick=None) -> tuple[torch.Tensor, dict[str, nn.Module]]:
     """``model``'s outputs on ``probe`` (``_run``), and for each reader the BatchNorm that takes
     its output directly, if one does (found in that same forward by matching tensors)."""
     outputs, found, hooks = {}, {}, []
@@ -217,7 +222,7 @@ def _batchnorm_after(model: nn.Module, readers, probe: tuple) -> tuple[torch.Ten
         for m in model.modules():
             if isinstance(m, _BN):
                 hooks.append(m.register_forward_pre_hook(before(m)))
-        output = _run(model, probe)
+        output = _run(model, probe, pick)
     finally:
         for h in hooks:
             h.remove()

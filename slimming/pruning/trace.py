@@ -34,7 +34,7 @@ from ..models.layers import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from . import index, ops, reshape
 from .capture import Call, CaptureError, capture
-from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names, kept_summary
+from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names, kept_summary, pin_shared
 from .layer_calls import layer, owned, whole_layer
 from .ops import (
     CONSTANT_OPS,
@@ -54,6 +54,7 @@ from .ops import (
     in_place,
     leaves,
     op_name,
+    picker,
     tensors,
 )
 
@@ -65,7 +66,7 @@ def as_inputs(example_inputs) -> tuple:
 
 
 def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
-          follow_sizes: bool = True) -> ChannelGraph:
+          follow_sizes: bool = True, output_transform=None) -> ChannelGraph:
     """Run ``model`` (left unchanged, every module's train/eval flag restored) on
     ``example_inputs`` (a tensor (N, C, ...), or a tuple of the forward's inputs) in eval mode
     and build its channel graph. ``ignore``: modules whose own channels are kept (what they
@@ -75,7 +76,9 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     reshapes that split channels into blocks (attention heads) and the splits by sizes a module
     keeps in integer attributes (queries, keys and values); the pruned forward then reads
     widths the cut must set (``surgery.update_widths``), which only the check can vouch for, so
-    False keeps those channels. GraphError (one line) for a model that does not run on the
+    False keeps those channels. ``output_transform``: what of the model's output keeps its
+    channels (default: all of it; a detector's ``lambda out: out[0]`` leaves the features its
+    head passes out free to be cut). GraphError (one line) for a model that does not run on the
     example."""
     inputs = as_inputs(example_inputs)
     images = [t for t in inputs if isinstance(t, torch.Tensor)]
@@ -84,12 +87,12 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
         raise GraphError(f"the model's inputs are {shapes or 'no tensors'}: slimming needs tensors "
                          "with a channel dimension (N, C, ...)")
     keep, whole = ignored_names(model, ignore), ignored_names(model, keep_whole)
-    walk = Walk(model, keep | whole, whole, follow_sizes=follow_sizes)
+    walk = Walk(model, keep | whole, whole, follow_sizes=follow_sizes, output_transform=output_transform)
     with modes_kept(model):
         walk.run(inputs, training=False)
         if walk.unseen():
             try:
-                second = Walk(model, keep | whole, whole, walk, follow_sizes)
+                second = Walk(model, keep | whole, whole, walk, follow_sizes, output_transform)
                 second.run(tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t
                                  for t in inputs), training=True)
                 walk = second
@@ -106,9 +109,9 @@ class Walk:
     training mode (the same graph)."""
 
     def __init__(self, model: nn.Module, ignore: set[str], whole: set[str], after: Walk | None = None,
-                 follow_sizes: bool = True):
+                 follow_sizes: bool = True, output_transform=None):
         self.model, self.ignore, self.keep_whole = model, ignore, whole
-        self.follow_sizes = follow_sizes
+        self.follow_sizes, self.pick = follow_sizes, picker(output_transform)
         self.modules = dict(model.named_modules())
         self.g = ChannelGraph(model) if after is None else after.g.copy()
         self.maps: dict[int, tuple[torch.Tensor, Map]] = {}  # id -> (tensor kept alive, map)
@@ -136,7 +139,7 @@ class Walk:
             out = capture(self.model, inputs, self, training, leaf=lambda m: module_kind(m) is not None)
         except CaptureError as e:
             raise GraphError(str(e)) from None
-        for t in leaves(out):
+        for t in leaves(self.pick(out)):
             self.pin_tensor(t, "the model's output")
 
     # ------------------------------------------------------------------ what ran (capture.Listener)
@@ -157,9 +160,11 @@ class Walk:
             except Exception as e:  # noqa: BLE001 (a layer its rule does not fit: kept, not followed)
                 self.opaque(type(m).__name__, f"a layer its rule does not fit: {first_line(e, 80)}",
                             [x for x in map(self.get, tensors(args)) if x is not None], out)
-        if name in self.ignore:
+        if name in self.ignore:  # what it makes; not its inputs, where it passes them out as they are
+            passed = {id(t) for t in tensors(args)}
             for t in tensors(out):
-                self.pin_tensor(t, f"{name} is in ignore")
+                if id(t) not in passed:
+                    self.pin_tensor(t, f"{name} is in ignore")
         for side, values in (("in", args), ("out", out)):
             for t in tensors(values):
                 m_ = self.get(t)
@@ -212,7 +217,7 @@ class Walk:
         return [n for n in self.layer_names() if n not in self.seen]
 
     def finish(self) -> None:
-        self.g.pin_shared()
+        pin_shared(self.g)
         self.g.unseen = self.unseen()
         if self.g.unseen:
             names = ", ".join(self.g.unseen[:5]) + (", ..." if len(self.g.unseen) > 5 else "")

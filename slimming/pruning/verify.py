@@ -26,7 +26,7 @@ from ..errors import first_line
 from ..utils.modules import modes_kept
 from .graph import GraphError
 from .norms import kept_statistics
-from .ops import leaves
+from .ops import leaves, picker
 from .repair import probe_like
 
 TOLERANCE = 1e-3  # largest |pruned - reference| over the reference's largest |value|, per output
@@ -76,11 +76,12 @@ def difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 @torch.no_grad()
-def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) -> float:
+def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, output_transform=None) -> float:
     """The largest relative difference between ``result.model`` and ``original`` with
     ``result.masks``' cut channels zeroed, on a random input of the example's shape; GraphError
-    (the model left as it was) where it exceeds ``tolerance`` or the pruned network fails."""
-    inputs = probe_like(example)
+    (the model left as it was) where it exceeds ``tolerance`` or the pruned network fails.
+    ``output_transform``: what of the model's output is compared (``prune``'s)."""
+    inputs, pick = probe_like(example), picker(output_transform)
     pruned = result.model
     kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}
     with modes_kept(original), modes_kept(pruned), zeroed(original, result.masks):
@@ -88,9 +89,9 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
             if any(m.training for m in model.modules()):
                 model.eval()
         with fingerprints(pruned) as ours:  # first: the reference's then takes only the forms it has
-            got = leaves(_forward(pruned, inputs))
+            got = leaves(pick(_forward(pruned, inputs)))
         with fingerprints(original, kept, ours) as theirs:
-            want = leaves(original(*inputs))
+            want = leaves(pick(original(*inputs)))
         diff = difference(got, want)
         if diff <= tolerance:
             inner = first_inner_difference(ours, theirs, tolerance)
@@ -98,10 +99,10 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE) ->
                 return diff
             raise differs(inner[1], inner[0])
         with nudged(original):
-            moved = _outputs(original, inputs)
+            moved = _outputs(original, inputs, pick)
         if difference(moved[1][""], want) > tolerance:  # discrete steps (NMS, top-k) in the forward
-            return stable_difference(original, pruned, inputs, moved, tolerance, kept)
-        where = first_difference(original, pruned, inputs, tolerance, kept)
+            return stable_difference(original, pruned, inputs, moved, tolerance, kept, pick)
+        where = first_difference(original, pruned, inputs, tolerance, kept, pick)
     raise differs(diff, where)
 
 
@@ -190,14 +191,15 @@ def nudged(model: nn.Module, scale: float = 1e-6):
                 t.copy_(value)
 
 
-def _outputs(model: nn.Module, inputs: tuple) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
-    """Every module's outputs on ``inputs`` (the first call of each), in the order they finish."""
+def _outputs(model: nn.Module, inputs: tuple, pick=None) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
+    """Every module's outputs on ``inputs`` (the first call of each), in the order they finish;
+    the model's own (``""``) as ``pick`` takes them (``output_transform``)."""
     order, outs, hooks = [], {}, []
     for name, m in model.named_modules():
         def hook(m, args, out, name=name):
             if name not in outs:
                 order.append(name)
-                outs[name] = [t.detach().clone() for t in leaves(out)]
+                outs[name] = [t.detach().clone() for t in leaves(pick(out) if pick and not name else out)]
         hooks.append(m.register_forward_hook(hook))
     try:
         model(*inputs)
@@ -215,15 +217,15 @@ def _narrowed(ref: list[torch.Tensor], mask: torch.Tensor | None) -> list[torch.
 
 
 def stable_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, nudged_outputs,
-                      tolerance: float, kept: dict[str, torch.Tensor]) -> float:
+                      tolerance: float, kept: dict[str, torch.Tensor], pick=None) -> float:
     """For a network whose outputs jump when its weights move by float rounding's size
     (discrete steps: non-maximum suppression, top-k proposals, near-ties sorted), the outputs
     are compared module by module wherever the original's own stay put under that nudge:
     GraphError at the first such module whose outputs differ; else the largest difference
     among them."""
-    order, want = _outputs(original, inputs)
+    order, want = _outputs(original, inputs, pick)
     _, moved = nudged_outputs
-    _, got = _outputs(pruned, inputs)
+    _, got = _outputs(pruned, inputs, pick)
     worst = 0.0
     for name in order:
         if name not in got or difference(moved[name], want[name]) > tolerance / 10:
@@ -385,13 +387,13 @@ def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[
 
 
 def first_difference(original: nn.Module, pruned: nn.Module, inputs: tuple, tolerance: float,
-                     kept: dict[str, torch.Tensor]) -> str:
+                     kept: dict[str, torch.Tensor], pick=None) -> str:
     """The first module, in the order modules finish (the innermost first), whose outputs
     differ between the two networks: compared whole where their shapes agree, on the channels
     ``kept`` (module -> keep-mask of its output channels) where the cut narrowed them; the
     model's output when none does."""
-    order, want = _outputs(original, inputs)
-    _, got = _outputs(pruned, inputs)
+    order, want = _outputs(original, inputs, pick)
+    _, got = _outputs(pruned, inputs, pick)
     for name in order:
         if name in got and tolerance < difference(got[name], _narrowed(want[name], kept.get(name))) \
                 < float("inf"):
