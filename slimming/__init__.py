@@ -27,7 +27,7 @@ API = {
     "checkpoint_dict": "io.checkpoint", "load_checkpoint": "io.checkpoint", "load_model": "io.checkpoint",
     "save_checkpoint": "io.checkpoint", "load_pruned": "io.pruned", "save_pruned": "io.pruned",
     "count_flops": "measure.stats", "count_params": "measure.stats", "model_stats": "measure.stats",
-    "LayerRule": "models.layers", "register_layer": "models.layers",
+    "LayerRule": "models.layers", "register_layer": "models.layers", "unfreeze_batchnorms": "models.layers",
     "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
     "add_gates": "pruning.gates", "register_op": "pruning.trace",
     "prunable_bns": "pruning.select", "prunable_factors": "pruning.select",
@@ -108,4 +108,4 @@ __all__ = ["__version__", "BNSparsity", "Sparsity", "add_gates", "importance", "
            "LayerRule", "PruneResult", "SlimmingError", "register_layer", "register_op",
            "add_l1_subgradient", "channel_masks", "checkpoint_dict", "count_flops", "count_params",
            "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prunable_factors",
-           "prune", "save_checkpoint", "save_pruned"]
+           "prune", "save_checkpoint", "save_pruned", "unfreeze_batchnorms"]

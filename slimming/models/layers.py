@@ -235,8 +235,10 @@ RULES: dict[str, LayerRule] = {
     "bn": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True, scores=True,
                     modules=(nn.modules.batchnorm._BatchNorm,), calls=("batch_norm",), positions=_NORM,
                     shifts=True),
-    # torchvision's FrozenBatchNorm2d: not trained, followed whole
-    "frozen_bn": LayerRule(carries=BN_TENSORS, modules=("FrozenBatchNorm2d",)),
+    # torchvision's FrozenBatchNorm2d (a pretrained detector's backbone), followed whole: its
+    # gamma, a buffer, scores its channels as a BatchNorm's does (``unfreeze_batchnorms`` makes
+    # it trainable for sparsity training)
+    "frozen_bn": LayerRule(carries=BN_TENSORS, gated=True, scores=True, modules=("FrozenBatchNorm2d",)),
     "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"},
                                modules=(nn.modules.instancenorm._InstanceNorm,), calls=("instance_norm",),
                                positions=_NORM),
@@ -260,9 +262,9 @@ MODULE_RULES: dict[type | str, str] = {t: kind for kind, rule in RULES.items() f
 
 def is_factor_layer(module: nn.Module) -> bool:
     """Whether ``module``'s per-channel ``weight`` is a slimming factor (the paper's scaling
-    factors, ranked and trained sparse): a layer whose rule ``scores`` (a BatchNorm, a GroupNorm
-    scored by whole groups, a LayerNorm or RMSNorm over one dim, a gate, a registered kind); a
-    frozen BatchNorm (not trained) is not."""
+    factors, ranked and trained sparse): a layer whose rule ``scores`` (a BatchNorm, frozen or
+    not, a GroupNorm scored by whole groups, a LayerNorm or RMSNorm over one dim, a gate, a
+    registered kind)."""
     kind = layer_kind(module)
     if kind is None or not RULES[kind].scores:
         return False
@@ -394,3 +396,27 @@ def _grouped(w: torch.Tensor, g: int, keep_in: torch.Tensor | None,
     blocks = w.view(g, -1, *w.shape[1:])
     parts = [blocks[j][outs[j].to(w.device)][:, ins[j].to(w.device)] for j in range(g)]
     return torch.cat(parts).clone()
+
+
+def unfreeze_batchnorms(model: nn.Module) -> list[str]:
+    """Replace, in place, every frozen BatchNorm of ``model`` (torchvision's
+    ``FrozenBatchNorm2d``, what its detection models build on a pretrained backbone) by an
+    ``nn.BatchNorm2d`` that computes the same in eval mode: its gamma and beta become parameters
+    that sparsity training can move (``slimming.Sparsity``), its statistics are kept. Returns
+    the names replaced. The new BatchNorms take the mode of the module they sit in; with small
+    detection batches, keep them in eval mode while training (``m.eval()`` for each) so that only
+    gamma and beta learn."""
+    names = []
+    for name, m in list(model.named_modules()):
+        if type(m).__name__ != "FrozenBatchNorm2d":
+            continue
+        w = m.weight
+        bn = nn.BatchNorm2d(w.numel(), eps=getattr(m, "eps", 1e-5), device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            for attr in ("weight", "bias", "running_mean", "running_var"):
+                getattr(bn, attr).copy_(getattr(m, attr))
+        bn.train(m.training)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, bn)
+        names.append(name)
+    return names

@@ -43,8 +43,8 @@ UNSCORED = "no scaling factor (BatchNorm, GroupNorm, LayerNorm, gate) scores it"
 
 class Reason(str):
     """Why channels are kept: the sentence users read (it is a ``str``), and what it says for
-    code that decides by it (``add_gates``): ``kind`` ("unscored": nothing scores them; "frozen":
-    only frozen BatchNorms do; "read_first": ``module`` reads them before any factor; "kept":
+    code that decides by it (``add_gates``): ``kind`` ("unscored": nothing scores them;
+    "read_first": ``module`` reads them before any factor; "kept":
     anything else)."""
 
     kind: str
@@ -170,7 +170,6 @@ class Group:
     prunable: bool = True
     reason: str = ""
     pinned: torch.Tensor | None = None
-    frozen: list[str] = field(default_factory=list)  # FrozenBatchNorm2d names (not scored)
     reasons: list[str] = field(default_factory=list)  # every reason a position is kept
 
     def __repr__(self) -> str:
@@ -445,19 +444,13 @@ class ChannelGraph:
                     if (use.module, pos, seg.start, seg.length) not in bns:  # a BN called twice
                         bns.append((use.module, pos, seg.start, seg.length))
                     pos += seg.length
-            elif use.kind == "frozen_bn":
-                for seg in m.segs:
-                    by_root[self.find(seg.space)].frozen.append(use.module)
             elif use.kind.endswith("_in"):
                 readers.append((use.module, m))
         for g in by_root.values():
             affine = [b for b in g.bns if getattr(self.model.get_submodule(b[0]), "weight", None)
                       is not None]
             if not affine:
-                frozen = f": only FrozenBatchNorm2d layers ({', '.join(sorted(set(g.frozen)))}) read it, " \
-                         "which are not trained, so not scored" if g.frozen else ""
-                pin(Seg(g.spaces[0], 0, g.size, False),
-                    Reason(UNSCORED + frozen, "frozen" if frozen else "unscored"))
+                pin(Seg(g.spaces[0], 0, g.size, False), Reason(UNSCORED, "unscored"))
         for name, m in readers:  # a reader must see zeros where we cut
             for seg in m.segs:
                 if not seg.gated:

@@ -48,8 +48,8 @@ class Sparsity:
         self.strength = strength
         skip = {id(m) for name, m in model.named_modules() if name in ignored_names(model, ignore)} \
             if ignore else set()
-        self.params = [m.weight for m in prunable_factors(model) if m.weight is not None
-                       and id(m) not in skip]
+        self.params = [m.weight for m in prunable_factors(model) if isinstance(m.weight, nn.Parameter)
+                       and id(m) not in skip]  # a frozen BatchNorm's buffer is not trained
 
     def apply(self) -> None:
         add_l1_subgradient(self.params, self.strength)
