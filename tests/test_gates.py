@@ -419,3 +419,24 @@ def test_a_gate_met_twice_on_other_channels_keeps_its_own_and_the_rest_is_cut(se
     cut = [n for n, keep in result.masks.items() if not bool(keep.all())]
     assert cut and all("slimming_gate" not in n or n.rpartition(".")[0].endswith("fc2") for n in cut)
 
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_network_without_normalisation_is_slimmed_by_gates_everywhere(seed):
+    """torchvision's SqueezeNet has no normalisation: by default a gate goes only where one
+    layer alone reads a width, and almost nothing can be cut; ``everywhere=True`` gates every
+    layer reading a width nothing scores (both expand convolutions of each fire module, the
+    squeeze convolution after their concatenation), and the cut is exact and large."""
+    torchvision = pytest.importorskip("torchvision")
+    x = torch.zeros(1, 3, 64, 64)
+    few = slimming.add_gates(torchvision.models.squeezenet1_1(weights=None, num_classes=10).eval(), x)
+    torch.manual_seed(seed)
+    model = torchvision.models.squeezenet1_1(weights=None, num_classes=10).eval()
+    gated = slimming.add_gates(model, x, everywhere=True)
+    assert len(gated) > 4 * len(few)
+    assert {"features.3.expand1x1", "features.3.expand3x3"} <= set(gated)  # one width, two readers
+    sparsity_shaped(model, seed)
+    result, _, _ = cut_at_random(model, seed)
+    size = [sum(p.numel() for p in m.parameters()) for m in (result.model, model)]
+    assert size[0] < 0.8 * size[1] and not gates(result.model)

@@ -11,7 +11,8 @@ from .prune import default_example
 from .trace import trace
 
 
-def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), heads: bool = True) -> list[str]:
+def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), heads: bool = True,
+              everywhere: bool = False) -> list[str]:
     """Give ``model`` (in place) a gate of ones before each layer that reads a width nothing
     scores, so that sparsity training and ``prune`` can slim it; returns the names of the
     layers with a gate, in the model's order.
@@ -22,6 +23,13 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
     BatchNorm, GroupNorm or LayerNorm scores them and nothing else keeps them (an MLP's hidden
     width: ``fc1 -> GELU -> fc2`` gets a gate before ``fc2``). ``ignore``: as ``prune`` takes it.
     A layer with a gate keeps it. At the cut the gates fold into those layers and disappear.
+
+    ``everywhere``: a gate on every width nothing scores, for a network without normalisation
+    (AlexNet, SqueezeNet, a VGG without BatchNorm, NFNets): before every linear layer or
+    convolution of one group that reads such channels unflattened, also where several layers
+    read them (SqueezeNet's two expand convolutions: a gate each, the channels scored by both)
+    or read them beside others (a concatenation); the channels go where every gate on them is
+    zeroed.
 
     ``heads`` (default): also a gate per attention head (``HeadGate``) before each layer that
     reads an attention's heads merged (its output projection), where the trace follows the
@@ -45,21 +53,28 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
     chosen = []
     for g in graph.groups():
         found = readers.get(graph.find(g.spaces[0]), [])
-        if g.bns or len(found) != 1:
+        if g.bns or not found or (len(found) != 1 and not everywhere):
             continue
-        name, kind, m = found[0]
-        whole = len(m.segs) == 1 and m.segs[0].start == 0 and m.segs[0].length == g.size and m.factor == 1
-        layer = model.get_submodule(name)
-        # kept only for want of a factor, or because this very layer reads them first: a gate
-        # here gives them one (a Reason says what it is, not only how it reads)
+        names = {name for name, _, _ in found}
+        # kept only for want of a factor, or because these very layers read them first: gates
+        # there give them one (a Reason says what it is, not only how it reads)
         unscored = all(getattr(why, "kind", None) == "unscored"
-                       or (getattr(why, "kind", None) == "read_first" and why.module == name)
+                       or (getattr(why, "kind", None) == "read_first" and why.module in names)
                        for why in g.reasons)
-        if whole and kind in ("linear_in", "conv_in") and getattr(layer, "groups", 1) == 1 and unscored:
-            chosen.append(name)
+        if unscored and all(_gateable(model, name, kind, m, g.size, everywhere) for name, kind, m in found):
+            chosen += [name for name in sorted(names) if name not in chosen]
     attach(model, chosen)
     attach(model, {name: n for name, n in per_head.items() if name not in chosen}, heads=True)
     return _gated(model)
+
+
+def _gateable(model: nn.Module, name: str, kind: str, m, size: int, anywhere: bool) -> bool:
+    """Whether a gate before layer ``name`` (reading map ``m``) can score a group of ``size``
+    channels: a linear layer or a convolution of one group, reading them unflattened; all of
+    its input that group alone, unless ``anywhere``."""
+    whole = len(m.segs) == 1 and m.segs[0].start == 0 and m.segs[0].length == size
+    return kind in ("linear_in", "conv_in") and getattr(model.get_submodule(name), "groups", 1) == 1 \
+        and m.factor == 1 and (whole or anywhere)
 
 
 def _gated(model: nn.Module) -> list[str]:
