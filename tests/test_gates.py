@@ -440,3 +440,20 @@ def test_a_network_without_normalisation_is_slimmed_by_gates_everywhere(seed):
     result, _, _ = cut_at_random(model, seed)
     size = [sum(p.numel() for p in m.parameters()) for m in (result.model, model)]
     assert size[0] < 0.8 * size[1] and not gates(result.model)
+
+
+def test_gates_everywhere_from_the_command_line(tmp_path, capsys):
+    """``--gates-everywhere``: a network without normalisation trains with a gate on every width
+    it can cut, and its checkpoint prunes."""
+    pytest.importorskip("torchvision")
+    from slimming.cli import main
+
+    data = ["--dataset", "synthetic", "--cpu", "--batch-size", "128"]
+    assert main(["train", "--arch", "torchvision:squeezenet1_1", "--gates-everywhere", "--sparsity", "1e-3",
+                 "--epochs", "1", "--seed", "0", "--save", str(tmp_path / "t"), *data]) == 0
+    assert "features.3.expand1x1, features.3.expand3x3" in capsys.readouterr().out
+    assert len(gated_layers(slimming.load_model(tmp_path / "t" / "last.pth"))) > 20
+    assert main(["prune", "--checkpoint", str(tmp_path / "t" / "last.pth"), "--percent", "0.3",
+                 "--save", str(tmp_path / "p"), "--cpu", "--no-eval"]) == 0
+    assert "checked: equals the original" in capsys.readouterr().out
+    assert not gates(slimming.load_model(tmp_path / "p" / "pruned.pth"))

@@ -75,8 +75,8 @@ def new_model(args) -> MakeModel:
             model = models.build(args.arch, cfg=args.cfg, **options)
         if args.init is not None:
             load_init(model, args.init)
-        if getattr(args, "gates", False):
-            gated = add_gates(model)
+        if getattr(args, "gates", False) or getattr(args, "gates_everywhere", False):
+            gated = add_gates(model, everywhere=getattr(args, "gates_everywhere", False))
             if int(os.environ.get("RANK", 0)) == 0:  # once under torchrun
                 print(f"gates before {len(gated)} layers" + (f": {listed(gated)}" if gated else
                                                             " (every width has a scaling factor)"))

@@ -338,6 +338,10 @@ def add_gates_flag(g) -> None:
                    "layer that reads a width nothing else scores (an MLP's hidden width: ConvNeXt, "
                    "vision transformers), and one per head before each attention's output "
                    "projection (heads are then cut whole); prune folds them away")
+    g.add_argument("--gates-everywhere", action="store_true",
+                   help="--gates, and a gate before every layer that reads a width nothing scores, also "
+                   "where several layers read it: for a network without normalisation (AlexNet, "
+                   "SqueezeNet, a VGG without BatchNorm)")
 
 
 def add_train_command(sub) -> None:
