@@ -93,19 +93,22 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, ou
         with fingerprints(original, kept, ours) as theirs:
             want = leaves(pick(original(*inputs)))
         diff = difference(got, want)
-        inner = first_inner_difference(ours, theirs, tolerance) if diff <= tolerance else None
-        if diff <= tolerance and inner is None:
+        inner = inner_differences(ours, theirs, tolerance) if diff <= tolerance else []
+        if diff <= tolerance and not inner:
             return diff
         # a difference: real, or a discrete step (top-k proposals among near ties, NMS) that
         # float rounding alone flips; those steps are found by nudging the original's weights
         reference = _outputs(original, inputs, pick)
         with nudged(original):
             moved = _outputs(original, inputs, pick)
-        if any(difference(moved[1].get(n, []), outs) > tolerance / 10 for n, outs in reference[1].items()):
+        jumps = {n for n, outs in reference[1].items()
+                 if difference(moved[1].get(n, []), outs) > tolerance / 10}
+        real = [(name, d) for name, d in inner if name not in jumps]  # a module that stays put differs
+        if real:
+            raise differs(real[0][1], real[0][0] or "the model's output")
+        if jumps:
             worst = stable_difference(pruned, inputs, reference, moved, tolerance, kept, pick)
             return max(worst, diff if inner else 0.0)
-        if inner is not None:
-            raise differs(inner[1], inner[0])
         where = first_difference(pruned, inputs, reference, tolerance, kept, pick)
     raise differs(diff, where)
 
@@ -361,12 +364,13 @@ def _signs(device: torch.device, n: int) -> torch.Tensor:
     return signs[:n]
 
 
-def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[str, float] | None:
-    """(module, difference) for the first module, in the order modules finish, whose outputs'
+def inner_differences(ours: dict, theirs: dict, tolerance: float) -> list[tuple[str, float]]:
+    """(module, difference) for every module, in the order modules finish, whose outputs'
     fingerprints differ from the reference's of the same shape by more than ``tolerance``
     (relative to the reference's sum of squares, and its root): the check's final
     outputs can agree while a block deep in a residual stream is wrong (a branch whose share
-    of the output is small, as in a network at its random start). None when none does."""
+    of the output is small, as in a network at its random start). The model's own output is
+    named ``""``."""
     names, got, want = [], [], []
     for name, outputs in ours.items():
         forms_of = theirs.get(name)
@@ -382,14 +386,11 @@ def first_inner_difference(ours: dict, theirs: dict, tolerance: float) -> tuple[
                 got.append(g)
                 want.append(same[0])
     if not names:
-        return None
+        return []
     g, f = torch.stack(got).double().cpu(), torch.stack(want).double().cpu()  # all at once: one copy
     diff = torch.maximum((g[:, 0] - f[:, 0]).abs() / f[:, 0], (g[:, 1] - f[:, 1]).abs() / f[:, 0].sqrt())
-    bad = ((f[:, 0] > 0) & (diff > tolerance)).nonzero()
-    if not len(bad):
-        return None
-    i = int(bad[0])
-    return names[i] or "the model's output", float(diff[i])
+    bad = ((f[:, 0] > 0) & (diff > tolerance)).nonzero().flatten().tolist()
+    return [(names[i], float(diff[i])) for i in bad]
 
 
 def first_difference(pruned: nn.Module, inputs: tuple, reference, tolerance: float,
