@@ -408,7 +408,7 @@ def unfreeze_batchnorms(model: nn.Module) -> list[str]:
     gamma and beta learn."""
     names = []
     for name, m in list(model.named_modules()):
-        if type(m).__name__ != "FrozenBatchNorm2d":
+        if layer_kind(m) != "frozen_bn":
             continue
         w = m.weight
         bn = nn.BatchNorm2d(w.numel(), eps=getattr(m, "eps", 1e-5), device=w.device, dtype=w.dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..models.layers import RULES
+from ..models.layers import RULES, layer_kind
 from .graph import Map, Seg, Use
 from .ops import Step, Walk, arg, tensors
 
@@ -28,13 +28,13 @@ def layer(w: Walk, s: Step) -> None:
     given, name, attrs = owned(w, s, rule.positions)
     if not given:  # a norm without tensors (affine=False): the module it runs in, if of its kind
         attrs = {}
-        if rule.carries and w.stack and _is(w.modules[w.stack[-1]], rule):
+        if rule.carries and w.stack and layer_kind(w.modules[w.stack[-1]]) == kind:
             name = w.stack[-1]
     if rule.carries and w.stack:
         w.seen.add(w.stack[-1])  # a norm module without tensors ran too
     if x is None:  # a layer of something made from constants: its outputs are kept
         return w.fresh(s.out, f"{name or s.op}: reads no tracked channels")
-    why = _misfit(w, s, rule, x_t, x, name, attrs)
+    why = _misfit(w, s, kind, x_t, x, name, attrs)
     if why:
         return w.opaque(s.op, why, [m for _, m in s.inputs], s.out)
     for t, m in s.inputs:  # other tracked inputs (a deformable convolution's offsets): kept
@@ -56,14 +56,9 @@ def layer(w: Walk, s: Step) -> None:
     w.set(s.out, x.with_gate(True if rule.gated and "weight" in attrs else False if moves else None))
 
 
-def _is(module: nn.Module | None, rule) -> bool:
-    """Whether ``module`` is of one of the types ``rule`` matches."""
-    return any(isinstance(module, t) if isinstance(t, type) else type(module).__name__ == t
-               for t in rule.modules)
-
-
-def _misfit(w: Walk, s: Step, rule, x_t: torch.Tensor, x: Map, name: str | None, attrs) -> str:
+def _misfit(w: Walk, s: Step, kind: str, x_t: torch.Tensor, x: Map, name: str | None, attrs) -> str:
     """Why this call does not fit its rule (kept whole), or ''."""
+    rule = RULES[kind]
     if attrs is None or (rule.makes and name is None):
         return "a layer whose tensors are not one module's parameters"
     if x.dim != (x_t.dim() - 1 if rule.last else 1):
@@ -80,7 +75,7 @@ def _misfit(w: Walk, s: Step, rule, x_t: torch.Tensor, x: Map, name: str | None,
             return "a group_norm of other than whole groups"
     if rule.normalises and (name is None or "weight" not in attrs or out.shape != x_t.shape
                             or len(_shape(s)) != 1 or name in w.ignore or w.in_ignored()
-                            or not _is(w.modules.get(name), rule)):
+                            or layer_kind(w.modules.get(name)) != kind):
         # kept, not followed: a norm over more than the channels, or without a scale of its
         # own, normalises each channel by statistics of the others that no factor scores
         return "a normalisation over the channels: cutting one changes the others"

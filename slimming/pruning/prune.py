@@ -241,7 +241,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     importance = _criterion(importance)
     how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
                target_latency=target_latency, latency_model=latency_model)
-    _check_arguments(surgery, round_to, {**how, "output_transform": output_transform})
+    _check_arguments(surgery, round_to, how, output_transform)
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
@@ -260,9 +260,10 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     return result
 
 
-def _check_arguments(surgery: str, round_to, how: dict) -> None:
+def _check_arguments(surgery: str, round_to, how: dict, output_transform) -> None:
     """What prune refuses before any work: an unknown surgery, not exactly one way of saying how
-    many channels go, a latency budget it cannot read, a round_to that is no width."""
+    many channels go, a latency budget it cannot read, a round_to that is no width, an
+    output_transform that is no function."""
     if surgery not in ("auto", "graph"):
         raise SlimmingError(f"surgery must be 'auto' or 'graph', got {surgery!r}", param="surgery")
     if sum(how[k] is not None for k in ("percent", "threshold", "target_flops", "target_params",
@@ -274,9 +275,9 @@ def _check_arguments(surgery: str, round_to, how: dict) -> None:
         speed.parse_latency(how["target_latency"])  # a bad budget answers before any work
     if round_to != "auto":
         number(round_to, "round_to", integer=True, low=1)
-    if how["output_transform"] is not None and not callable(how["output_transform"]):
+    if output_transform is not None and not callable(output_transform):
         raise SlimmingError("output_transform takes a function of the model's output (lambda out: out[0]), "
-                            f"not {type(how['output_transform']).__name__}", param="output_transform")
+                            f"not {type(output_transform).__name__}", param="output_transform")
 
 
 @dataclass
