@@ -269,6 +269,10 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None, 
             if not (isinstance(t, torch.Tensor) and t.is_floating_point()):
                 variants.append([])
                 continue
+            if index is None and shapes is not None and _shapes_at(shapes, name, len(variants)) \
+                    not in (None, {tuple(t.shape)}):
+                variants.append([])  # the pruned network's has another shape: nothing to compare
+                continue
             if index is None or t.dim() < 2:
                 # a container passing on its child's output, unchanged since (no in-place
                 # activation after it: ``_version``), is not fingerprinted again
@@ -284,7 +288,9 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None, 
             variants.append([(tuple(f.shape), _fingerprint(f)) for f in forms])
         return variants
 
-    names = {id(m): name for name, m in model.named_modules()}
+    # an activation's output is its input's, element by element: where that input is right, so
+    # is the activation's, and it cannot be where a wrong cut starts
+    names = {id(m): name for name, m in model.named_modules() if not name or type(m) not in ELEMENTWISE}
 
     def record(m, args, out) -> None:
         name = names.get(id(m))
@@ -319,6 +325,9 @@ def _narrowed_shape(t: torch.Tensor, d: int | None, n: int) -> tuple:
     return tuple(shape)
 
 
+ELEMENTWISE = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.ReLU,
+               nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU, nn.Mish, nn.Hardswish,
+               nn.Hardsigmoid, nn.Hardtanh, nn.Sigmoid, nn.Tanh, nn.Softplus, nn.Softsign, nn.Tanhshrink)
 _SIGNS: dict[torch.device, torch.Tensor] = {}  # device -> a fixed random +-1 per position
 _PERMUTED: dict[tuple, torch.Tensor] = {}  # (device, shape, memory order) -> those signs in that order
 _KEEP_SIGNS = 1 << 24  # longer ones (a batch of large images) are made again the next time
