@@ -33,6 +33,7 @@ from torch import nn
 
 from .. import models
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
+from ..models.attention import thinned
 from ..models.common import ChannelSelect
 from ..models.external import (
     check_forward,
@@ -244,6 +245,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
     resize_like(model, sd, str(path))
     set_int_attributes(model, ckpt.get("widths"), path)
+    thinned(model)
     _gated(model, ckpt, path)
     state = _match_dtypes(sd, model.state_dict(), path)
     try:

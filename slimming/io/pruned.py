@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
+from ..models.attention import thinned
 from ..models.external import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
@@ -80,6 +81,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
     with torch.no_grad(), restored_on_error(model):
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
+        thinned(model)
         try:  # an instance built on the meta device takes the file's tensors themselves
             model.load_state_dict(state, strict=True, assign=meta)
         except (RuntimeError, KeyError, TypeError) as e:

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, clip
+from .attention import MultiheadAttention
 from .layers import ChannelGate, HeadGate
 
 ATTR = "slimming_gate"
@@ -73,6 +74,9 @@ def attach(model: nn.Module, layers: dict[str, int] | list[str], heads: bool = F
         gate = (HeadGate if heads else ChannelGate)(widths[name], -1 if isinstance(m, nn.Linear) else 1)
         m.add_module(ATTR, gate.to(p.device, p.dtype))
         m.register_forward_pre_hook(_apply)
+        parent = found[name.rpartition(".")[0]]
+        if type(parent) is nn.MultiheadAttention and parent.out_proj is m:
+            parent.__class__ = MultiheadAttention  # torch's forward never calls out_proj (nor its gate)
     return names
 
 

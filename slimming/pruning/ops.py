@@ -202,6 +202,9 @@ class Walk(Protocol):
     def where(self) -> str:
         """The module running, for messages."""
 
+    def running(self) -> str:
+        """The name of the module running ("" for the model's own forward)."""
+
     def pin_tensor(self, t, why: str) -> None: ...
 
     def in_ignored(self) -> bool: ...
@@ -234,6 +237,13 @@ def prelu(w: Walk, s: Step) -> None:
     if arg(s.args, s.kwargs, 1, "weight").numel() != 1:
         return w.opaque(s.op, "a PReLU with a slope per channel", [m for _, m in s.inputs], s.out)
     w.set(s.out, s.inputs[0][1].with_gate(None))  # one slope for all channels: 0 -> 0
+
+
+def multi_head_attention(w: Walk, s: Step) -> None:
+    """torch's own ``nn.MultiheadAttention`` forward: one ``slimming.models.attention`` does not
+    decompose (keys and values other than the queries, added keys), so its channels are kept."""
+    w.opaque(s.op, "torch's MultiheadAttention forward, with keys and values other than its queries "
+             "or keys added", [m for _, m in s.inputs], s.out)
 
 
 def value(w: Walk, s: Step) -> None:
@@ -446,7 +456,7 @@ def split(w: Walk, s: Step) -> None:
         # sizes the module keeps in attributes (an attention's key_dim, head_dim): the cut
         # sets them (``surgery.update_widths``); pieces of one size keep equal counts
         w.g.sized.append(w.where())
-        w.g.split_sizes += [(w.where(), n) for n in set(sizes)]
+        w.g.split_sizes += [(w.running(), n) for n in set(sizes)]
         for n in set(sizes):
             same = [m.segs for m, k in zip(maps, sizes) if k == n]
             if len(same) > 1:

@@ -34,6 +34,7 @@ from torch import nn
 
 from .. import models
 from ..errors import SlimmingError, first_line, listed, number
+from ..models.attention import thinned
 from ..models.common import BN_STATE
 from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
@@ -614,6 +615,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         plan = surgery.plan(graph, roots)
         new = surgery.cut(model, plan, graph)
         widths = surgery.update_widths(new, graph, roots)
+        thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]
         cfg = {name: int(k.sum()) for (name, m), k in zip(factors, cfg_mask)

@@ -45,6 +45,8 @@ def reshape(w: Walk, s: Step) -> None:
     prefix = [math.prod(after[:k]) for k in range(len(after) + 1)]
     for k in range(len(after)):  # the channel dim as it was, after dims of the same product
         if prefix[k] == head and after[k] == c:
+            if op in ("view", "reshape") and after != before:  # (N, self.dim, H * W): the width it
+                w.g.split_sizes.append((w.running(), c))  # gave must follow the cut
             return w.set(out, x.at(k))
     if d == 1 and len(after) == 2 and after[0] == before[0]:  # (N, C, H, W) -> (N, C*H*W)
         return w.set(out, Map(x.segs, math.prod(before[2:]), 1))
@@ -92,7 +94,7 @@ def blocks(w: Walk, x: Map, count: int, op: str, shape: tuple[int, ...] = ()) ->
     where = w.where()
     w.g.sized.append(where)
     n = x.channels // count
-    w.g.split_sizes.append((where, n))
+    w.g.split_sizes.append((w.running(), n))
     cut = w.g.cut_into(x, [n] * count)
     pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
     # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, first_line
+from ..models.attention import decomposed
 from ..models.layers import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from . import index, ops, reshape
@@ -88,7 +89,7 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
                          "with a channel dimension (N, C, ...)")
     keep, whole = ignored_names(model, ignore), ignored_names(model, keep_whole)
     walk = Walk(model, keep | whole, whole, follow_sizes=follow_sizes, output_transform=output_transform)
-    with modes_kept(model):
+    with modes_kept(model), decomposed(model):
         walk.run(inputs, training=False)
         if walk.unseen():
             try:
@@ -171,6 +172,8 @@ class Walk:
                 if m_ is not None:
                     self.g.borders.setdefault(name, []).append(m_)
                     self.g.sides.setdefault((name, side), []).append(m_)
+        if isinstance(m, nn.MultiheadAttention):  # torch's own forward (a cross-attention) uses
+            self.seen.add(f"{name}.out_proj" if name else "out_proj")  # out_proj without calling it
         if self.stack and self.stack[-1] == name:
             self.stack.pop()
 
@@ -266,6 +269,9 @@ class Walk:
 
     def where(self) -> str:
         return self.stack[-1] if self.stack and self.stack[-1] else "the model's forward"
+
+    def running(self) -> str:
+        return self.stack[-1] if self.stack else ""
 
     def pin_tensor(self, t: torch.Tensor, why: str) -> None:
         m = self.get(t)
@@ -370,7 +376,8 @@ def _dispatch() -> dict[str, Handler]:
         table.update(dict.fromkeys(names, handler))
     table.update(roll=ops.roll, cat=ops.cat, stack=ops.stack, matmul=ops.matmul, bmm=ops.matmul,
                  mm=ops.matmul, softmax=ops.softmax, log_softmax=ops.softmax,
-                 scaled_dot_product_attention=ops.scaled_dot_product_attention, zeros_like=ops.zeros_like,
+                 scaled_dot_product_attention=ops.scaled_dot_product_attention,
+                 multi_head_attention_forward=ops.multi_head_attention, zeros_like=ops.zeros_like,
                  ones_like=ops.ones_like, empty_like=ops.ones_like, full_like=ops.ones_like,
                  rand_like=ops.ones_like, randn_like=ops.ones_like, getitem=index.getitem,
                  setitem=index.setitem)

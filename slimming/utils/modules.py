@@ -38,14 +38,16 @@ def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: b
 
 @contextlib.contextmanager
 def restored_on_error(model: nn.Module):
-    """Every module's tensors (parameters, buffers) and integer attributes put back as they
-    were if the block raises: a load that fails halfway leaves the caller's instance intact."""
+    """Every module's tensors (parameters, buffers), integer attributes and class (a
+    ``MultiheadAttention`` a load made slimming's) put back as they were if the block raises:
+    a load that fails halfway leaves the caller's instance intact."""
     saved = [(m, dict(m._parameters), dict(m._buffers),
-              {k: v for k, v in vars(m).items() if type(v) is int}) for m in model.modules()]
+              {k: v for k, v in vars(m).items() if type(v) is int}, type(m)) for m in model.modules()]
     try:
         yield model
     except BaseException:
-        for m, params, buffers, ints in saved:
+        for m, params, buffers, ints, cls in saved:
+            m.__class__ = cls
             m._parameters.clear()
             m._parameters.update(params)
             m._buffers.clear()
