@@ -438,6 +438,31 @@ def test_segmentation_models_pytorch_decoders(arch, encoder):
     assert result.model(torch.zeros(1, 3, 64, 64)).shape == (1, 3, 64, 64)
 
 
+@pytest.mark.parametrize("arch", ["Segformer", "UPerNet"])
+def test_mix_transformer_tokens_to_a_map_and_back_are_cut_exactly(arch):
+    """smp's Mix-Transformer encoder (``mit_b0``, as PVT-v2 writes its blocks): a Mix-FFN makes
+    its tokens (B, N, C) a map for a depthwise convolution and tokens again; its attention
+    reads the tokens' width from their shape, which the cut cannot set, so it is kept whole
+    (two cuts made again) and the rest is cut: the Mix-FFN's hidden widths (gated) and the
+    decoder's channels, exactly."""
+    smp = pytest.importorskip("segmentation_models_pytorch")
+    if not hasattr(smp, arch):
+        pytest.skip(f"{arch} is newer than this segmentation-models-pytorch")
+    torch.manual_seed(0)
+    model = getattr(smp, arch)("mit_b0", encoder_weights=None, classes=3).eval()
+    x = torch.zeros(1, 3, 64, 64)
+    slimming.add_gates(model, x)
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    hidden = [m.out_features for n, m in result.model.named_modules() if n.endswith("mlp.fc1")]
+    assert len(hidden) == 8 and sum(hidden) < 2 * (128 + 256 + 640 + 1024)  # mit_b0's, before
+    probe = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+
+
 # Layout changes and their inverses, each (forward, inverse) on an (N, C, H, W) tensor, as
 # channels-last and token networks write them
 LAYOUTS = {

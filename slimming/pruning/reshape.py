@@ -66,7 +66,9 @@ def reshape(w: Walk, s: Step) -> None:
                 w.g.merges.setdefault(w.stack[-1], []).append(merged)  # its width: an attribute's
                 return w.set(out, merged)
             return w.set(out, Map(x.segs * outer, 1, k))  # channel c at every block
-    w.opaque(op, f"{_not_followed(after, prefix, head, c)}: {before} to {after}", [x], out)
+    # what it gives keeps the layout its input had: channels last (tokens, heads) stay last
+    w.opaque(op, f"{_not_followed(after, prefix, head, c)}: {before} to {after}", [x], out,
+             len(after) - 1 if d == len(before) - 1 else d)
 
 
 def _not_followed(after: tuple, prefix: list[int], head: int, c: int) -> str:
