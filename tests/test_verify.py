@@ -130,6 +130,49 @@ def test_a_width_read_as_a_fixed_size_is_left_and_the_cut_stays_exact():
     assert_exact(model, result, torch.randn(2, 3, 16, 16))
 
 
+class AsNumber(nn.Module):
+    """A width the forward reads as a shape (``reshape(B, self.c, -1)``, which the cut must set)
+    and, with ``branch``, as a number too (``if x.shape[-1] < self.c``: hostile round 5): at the
+    example's 8x8 both branches agree, at 6x6 they do not once ``c`` is lowered."""
+
+    def __init__(self, branch: bool):
+        super().__init__()
+        self.branch, self.c = branch, 8
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)).reshape(x.shape[0], self.c, -1)
+        if self.branch and x.shape[-1] < self.c:
+            y = y * 2
+        return self.fc(y.mean(-1))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_width_also_read_as_a_number_is_checked_at_a_second_input_size(seed):
+    """The check runs at a second input size (three quarters of the example's) where the cut
+    set integer widths: the width read as a shape alone is set and exact at every size; read
+    as a number too, the cut is refused in one line and the model left as it was."""
+    gen = torch.Generator().manual_seed(seed)
+    for branch in (False, True):
+        torch.manual_seed(seed)
+        model = AsNumber(branch).eval()
+        with torch.no_grad():
+            model.bn.weight.copy_(torch.rand(8, generator=gen) + 0.5)
+            model.bn.weight[torch.randperm(8, generator=gen)[:4]] = 1e-4
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        x = torch.zeros(1, 3, 8, 8)
+        if branch:
+            with pytest.raises(GraphError) as e:
+                slimming.prune(model, percent=0.5, example_inputs=x, compensate=False)
+            assert "\n" not in str(e.value) and model.c == 8
+            assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+            continue
+        result = slimming.prune(model, percent=0.5, example_inputs=x, compensate=False)
+        assert result.model.c == 4 == result.model.bn.num_features
+        for size in (8, 6, 4, 12):
+            assert_exact(model, result, torch.randn(2, 3, size, size, generator=gen))
+
+
 class Deform(nn.Module):
     def __init__(self):
         super().__init__()

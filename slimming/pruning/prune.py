@@ -38,14 +38,14 @@ from ..models.attention import thinned
 from ..models.common import BN_STATE
 from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
-from ..utils.modules import keep_slices, modes_kept, unwrap
+from ..utils.modules import eager_model, keep_slices, modes_kept
 from . import budget, estimate, repair, speed, surgery
 from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
 from .surgery import WidthChange
 from .trace import as_inputs, trace
-from .verify import check, runs
+from .verify import check, runs, second_size
 
 
 def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -238,7 +238,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     model is left untouched (every module's train/eval flag too); the new one is on the same
     device, each module in the mode it had.
     """
-    model = unwrap(model)
+    model = eager_model(model, "prune")
     importance = _criterion(importance)
     how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
                target_latency=target_latency, latency_model=latency_model)
@@ -258,6 +258,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     with modes_kept(model):
         result = steps.checked_cut(follow_sizes=traced and cut_heads)
         steps.settle(result, compensate)
+    if isinstance(example, torch.Tensor):  # save_pruned keeps it: load_pruned's forward
+        result.model._slimming_example_shape = tuple(example.shape)
     return result
 
 
@@ -462,12 +464,18 @@ def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> 
 
 
 def _checked(model: nn.Module, result: PruneResult, example, output_transform=None) -> float:
-    """``verify.check``; where it fails and integer widths were set, once more with them as they
-    were (the forward reads some as fixed sizes, not as the widths they matched), then each
-    module's set again where the check still passes."""
+    """``verify.check``, and where the cut set integer widths the forward reads as sizes (the
+    sure ones: a reshape's, a split's, a number of heads) at a second input size too
+    (``verify.second_size``: such a width may also be read as a number); where it fails and integer
+    widths were set, once more with them as they were (the forward reads some as fixed sizes,
+    not as the widths they matched), then each module's set again where the check still passes."""
+    smaller = second_size(model, example) if any(c.sure for c in result.widths) else None
 
     def test() -> float:
-        return check(model, result, example, output_transform=output_transform)
+        worst = check(model, result, example, output_transform=output_transform)
+        if smaller is not None:
+            worst = max(worst, check(model, result, smaller, output_transform=output_transform))
+        return worst
     try:
         return test()
     except GraphError:

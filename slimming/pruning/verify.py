@@ -114,6 +114,28 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, ou
 
 
 @torch.no_grad()
+def second_size(model: nn.Module, example):
+    """The example at about three quarters of its height and width (each image-like input, (N,
+    C, H, W) or longer), where the original runs at that size; else None. A width the cut set
+    may also be read as a number (``if x.shape[-1] < self.c``): only another size shows it."""
+    inputs, changed = [], False
+    for t in (example if isinstance(example, (tuple, list)) else (example,)):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 4 and min(t.shape[2:]) > 1:
+            t = t.new_zeros(*t.shape[:2], *(max(1, n * 3 // 4) for n in t.shape[2:]))
+            changed = True
+        inputs.append(t)
+    if not changed:
+        return None
+    smaller = tuple(inputs) if isinstance(example, (tuple, list)) else inputs[0]
+    try:
+        with modes_kept(model):
+            model.eval()(*probe_like(smaller))
+    except Exception:  # noqa: BLE001 (a network of one input size: nothing to compare there)
+        return None
+    return smaller
+
+
+@torch.no_grad()
 def runs(result, example) -> None:
     """What ``verify=False`` still asks: ``result.model`` runs, in eval mode, on a random input
     of the example's shape (one forward of the pruned network); GraphError naming the module
