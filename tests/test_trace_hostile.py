@@ -918,3 +918,65 @@ def test_a_groupnorm_is_cut_by_whole_groups_and_loads_back(tmp_path):
     assert loaded.gn.num_groups == result.model.gn.num_groups
     with torch.no_grad():
         assert torch.equal(loaded(x), result.model.eval()(x))
+
+
+class OneBatch(nn.Module):
+    """A forward that runs only at batch 1 (a model exported for one image at a time)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.fc = cbr(3, 8), cbr(8, 8), nn.Linear(8, 3)
+
+    def forward(self, x):
+        assert x.shape[0] == 1, "one image at a time"
+        return self.fc(self.b(self.a(x)).mean((2, 3)))
+
+
+class Generated(OneBatch):
+    def forward(self, x):
+        return (y for y in [self.fc(self.b(self.a(x)).mean((2, 3)))])
+
+
+def _hostile_model(kind: str):
+    """(model, what prune is given) for each thing prune cannot work on (hostile round 5)."""
+    if kind == "a function":
+        return None, lambda x: x
+    if kind == "on the meta device":
+        with torch.device("meta"):
+            model = OneBatch()
+        return model, model
+    model = OneBatch()
+    if kind == "a scripted part":
+        model.b = torch.jit.script(model.b)
+    elif kind == "a traced part":
+        model.b = torch.jit.trace(model.b, torch.zeros(1, 8, 8, 8))
+    elif kind == "a generator output":
+        model = Generated()
+    return model, model
+
+
+@pytest.mark.parametrize("kind", ["a function", "on the meta device", "a scripted part", "a traced part",
+                                  "a generator output"])
+def test_what_prune_cannot_work_on_is_refused_in_one_line_and_left_alone(kind):
+    """Each a one-line SlimmingError, the model's parameters the very objects they were with the
+    same values (a traced part's were once replaced by new Parameter objects)."""
+    model, given = _hostile_model(kind)
+    before = [] if model is None else [(p, p.detach().clone()) for p in model.parameters()]
+    with pytest.raises(SlimmingError) as e:
+        slimming.prune(given, percent=0.3, example_inputs=torch.zeros(1, 3, 8, 8))
+    assert "\n" not in str(e.value) and "Traceback" not in str(e.value)
+    if model is not None:
+        assert [p for p, _ in before] == list(model.parameters())
+        assert all(p.is_meta or torch.equal(p, v) for p, v in before)
+
+
+def test_a_forward_of_one_batch_size_is_pruned_and_compensated():
+    """Compensation probes two images; a forward that takes one at a time is probed with the
+    example's own batch instead, and the cut is the checked one."""
+    torch.manual_seed(0)
+    model = OneBatch().eval()
+    sparsity_shaped(model, 0)
+    result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 8, 8))
+    assert result.model.a[1].num_features < 8 and result.compensation["layers"] >= 1
+    with torch.no_grad():
+        assert result.model(torch.randn(1, 3, 8, 8)).shape == (1, 3)

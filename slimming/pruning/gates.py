@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..models.gates import attach, gated_layers
-from ..utils.modules import unwrap
+from ..utils.modules import eager_model
 from .prune import default_example
 from .trace import trace
 
@@ -35,7 +35,7 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
     reads an attention's heads merged (its output projection), where the trace follows the
     heads (the module holds their number, ``num_heads``, and splits a layer's output into
     them); ``prune`` then cuts heads whole and sets ``num_heads``."""
-    model = unwrap(model)
+    model = eager_model(model, "add_gates")
     if at is not None:
         attach(model, [at] if isinstance(at, str) else list(at))
         return _gated(model)

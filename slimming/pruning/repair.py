@@ -58,15 +58,22 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     The folds are kept only if they bring the pruned network closer to the original with the
     cut gammas at zero, measured on ``probes`` random images (through the nonlinearities that
     follow, a partial fold, with other channels left, can overshoot): otherwise they are undone
-    and the network is the paper's. ``output_transform``: what of the outputs is compared."""
+    and the network is the paper's. ``output_transform``: what of the outputs is compared.
+    A forward that runs only at the example's own batch (``assert x.shape[0] == 1``) is probed
+    with the example's batch instead (``probes`` None)."""
     readers = {name: m for name, m in result.layers.items() if "in" in m and not bool(m["in"].all())}
     summary = {"layers": 0, "folded": 0, "unfolded": 0, "applied": False}
     if not readers:
         return summary
     probe, pick = probe_like(example, probes), picker(output_transform)
-    seen, reference = _reference_inputs(original, result.masks, readers, probe, pick)
     pruned = result.model
-    before, following = _batchnorm_after(pruned, readers, probe, pick)
+    try:  # nothing is changed before both have run
+        seen, reference = _reference_inputs(original, result.masks, readers, probe, pick)
+        before, following = _batchnorm_after(pruned, readers, probe, pick)
+    except Exception:  # noqa: BLE001 (a forward of one batch size: the check ran it at the example's)
+        if probes is None:
+            raise
+        return compensate(original, result, example, None, output_transform)
     undo = []
     for name, masks in readers.items():
         cut = ~masks["in"]

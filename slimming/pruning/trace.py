@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -140,7 +141,14 @@ class Walk:
             out = capture(self.model, inputs, self, training, leaf=lambda m: module_kind(m) is not None)
         except CaptureError as e:
             raise GraphError(str(e)) from None
-        for t in leaves(self.pick(out)):
+        picked = self.pick(out)
+        inside = picked.values() if isinstance(picked, dict) else \
+            picked if isinstance(picked, (tuple, list)) else ()
+        if any(isinstance(v, Iterator) for v in (picked, *inside)):
+            raise GraphError(f"{type(self.model).__name__}'s forward returns an iterator (a generator): its "
+                             "outputs, whose channels must stay, cannot be read before they are used; return "
+                             "a tensor, a tuple, a list or a dict")
+        for t in leaves(picked):
             self.pin_tensor(t, "the model's output")
 
     # ------------------------------------------------------------------ what ran (capture.Listener)

@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 
 import torch
 from torch import nn
+
+from ..errors import SlimmingError
+
+
+def eager_model(model, what: str) -> nn.Module:
+    """``model`` unwrapped (``unwrap``), or SlimmingError (one line, nothing changed) for what
+    ``what`` (``"prune"``) cannot work on: no ``nn.Module`` (a function), a TorchScript module
+    or one holding one (forward hooks do not run in it), tensors on the meta device (no values)."""
+    if not isinstance(model, nn.Module):
+        raise SlimmingError(f"{what} takes a torch.nn.Module, not {type(model).__name__}", param="model")
+    model = unwrap(model)
+    for name, m in model.named_modules():
+        if isinstance(m, torch.jit.ScriptModule):
+            raise SlimmingError(f"{name or 'the model'} is a TorchScript module ({type(m).__name__}): {what} "
+                                "works on the eager network; script or trace it after", param="model")
+    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
+        raise SlimmingError(f"the model's tensors are on the meta device (no values): load its weights "
+                            f"before {what}", param="model")
+    return model
 
 
 def unwrap(model: nn.Module) -> nn.Module:
