@@ -110,6 +110,52 @@ def test_load_pruned_refuses_what_does_not_fit(tmp_path):
         load_pruned(tmp_path / "code.pth", MyNet())
 
 
+class Width(nn.Module):
+    """A width in an integer attribute the forward reads (a C2f block's ``c``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = 8
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Linear(8, 2)
+        self.soft = nn.Softmax(dim=1)
+
+    def forward(self, x):
+        return self.soft(self.fc(self.bn(self.conv(x)).reshape(x.shape[0], self.c, -1).mean(-1)))
+
+
+@pytest.mark.parametrize("forged", [{"c": 4}, {"c": 0}, {"c": 7}, {"soft.dim": 0}])
+def test_a_forged_width_is_refused_without_an_example(tmp_path, forged):
+    """A file whose widths were edited (its checksum made again) no longer fits its weights: the
+    forward load_pruned runs at the shape the network was cut on, which the file keeps, refuses
+    it in one line with no example given, and the fresh instance is left as it was; a file that
+    changes an integer of torch's own modules that no cut sets (a softmax's dim) is refused too."""
+    from slimming.utils.safeload import checksum
+
+    model = Width().eval()
+    with torch.no_grad():
+        model.bn.weight.copy_(torch.tensor([1.0, 1e-4, 1.0, 1e-4, 1.0, 1e-4, 1.0, 1.0]))
+    result = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 8, 8), compensate=False)
+    path = tmp_path / "pruned.pth"
+    save_pruned(result.model, path)
+    blob = torch.load(path, weights_only=True)
+    assert blob["example_shape"] == [1, 3, 8, 8] and blob["widths"]["c"] == result.model.c == 6
+    assert load_pruned(path, Width()).c == 6  # as written, it loads
+    blob["widths"].update(forged)
+    blob["checksum"] = checksum(blob)
+    torch.save(blob, path)
+    fresh = Width()
+    with pytest.raises(CheckpointError) as e:
+        load_pruned(path, fresh)
+    assert "\n" not in str(e.value) and fresh.c == 8 and fresh.bn.num_features == 8
+
+
+@pytest.mark.parametrize("name", ["format", "version", "widths", "state_dict", "checksum", "example_shape"])
+def test_save_pruned_refuses_a_field_named_as_the_files_own(tmp_path, name):
+    with pytest.raises(SlimmingError, match=f"'{name}' is the file's own field") as e:
+        save_pruned(Small(), tmp_path / "p.pth", **{name: 1})
+    assert "\n" not in str(e.value) and not (tmp_path / "p.pth").exists()
+
+
 class Small(nn.Module):
     def __init__(self):
         super().__init__()

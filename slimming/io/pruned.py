@@ -5,6 +5,7 @@ file names no class and imports nothing: the code is yours, the file is only ten
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -19,14 +20,21 @@ from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 
 FORMAT, VERSION = "slimming-pruned", 1
+RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape")  # not fields
+EXAMPLE = "_slimming_example_shape"  # what prune sets on the network it returns: its example's shape
 
 
 def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> None:
     """Write ``model``'s state_dict (unwrapped from DDP / torch.compile) to ``path``, atomically,
     with a checksum, and its modules' integer attributes (the widths the cut set: a C2f block's
-    ``c``, a GroupNorm's ``num_groups``); ``fields``: plain values to keep with it (the epoch,
-    an accuracy)."""
+    ``c``, a GroupNorm's ``num_groups``) and, for a network ``prune`` returned, the shape of the
+    example it was cut on (``load_pruned`` runs one forward at that shape); ``fields``: plain
+    values to keep with it (the epoch, an accuracy), not named as the file's own."""
     model, path = _module(model), _path(path)
+    taken = [k for k in fields if k in RESERVED]
+    if taken:
+        raise SlimmingError(f"save_pruned: {taken[0]!r} is the file's own field; name yours otherwise",
+                            param="fields")
     state = model.state_dict()
     odd = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if odd:  # load_pruned reads named tensors only: never write a file it would refuse
@@ -36,8 +44,16 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
         raise SlimmingError(f"{path} is a folder: save_pruned writes a file (give its name)", param="path")
     if any(p.exists() and not p.is_dir() for p in path.parents):
         raise SlimmingError(f"{path}: a file stands where its folder would be", param="path")
-    save_checked({"format": FORMAT, "version": VERSION, **fields, "widths": int_attributes(model),
+    shape = getattr(model, EXAMPLE, None)
+    example = {"example_shape": list(shape)} if _example_shape(shape) else {}
+    save_checked({"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
                   "state_dict": state}, path)
+
+
+def _example_shape(shape) -> bool:
+    """A shape load_pruned may build zeros of: 2 to 6 positive ints, at most 2**26 elements."""
+    return isinstance(shape, (list, tuple)) and 2 <= len(shape) <= 6 \
+        and all(type(n) is int and n > 0 for n in shape) and math.prod(shape) <= 1 << 26
 
 
 def _path(path) -> Path:
@@ -60,8 +76,9 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
     must match as built. CheckpointError (one line) for a file that is not one, or weights that
     do not fit, checked before anything is changed; a load that fails leaves ``model`` as it was.
     An instance built on the meta device takes the file's tensors. ``example_inputs`` (default:
-    zeros of the model's ``input_size``, where it declares one): one forward checks that the
-    widths fit each other (a linear layer reading more channels than the layer before makes)."""
+    zeros of the model's ``input_size``, where it declares one, else of the shape the network was
+    cut on, which ``save_pruned`` keeps): one forward checks that the widths fit each other (a
+    linear layer reading more channels than the layer before makes)."""
     path, model = _path(path), _module(model)
     blob = read_file(path)  # bounded, weights_only
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
@@ -87,6 +104,13 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
         except (RuntimeError, KeyError, TypeError) as e:
             raise CheckpointError(f"{path}: its weights do not fit {type(model).__name__}: "
                                   f"{load_error(e)}") from None
+        shape = blob.get("example_shape")
+        if example_inputs is None and shape is not None:
+            if not _example_shape(shape):
+                raise CheckpointError(f"{path}: its example_shape is {clip(repr(shape))}, not a shape")
+            if not isinstance(getattr(model, "input_size", None), (list, tuple)):
+                device = next((t.device for t in model.parameters()), torch.device("cpu"))
+                example_inputs = torch.zeros(*shape, device=device)  # the shape it was cut on
         _runs(model, example_inputs, path)
     return model.eval()
 

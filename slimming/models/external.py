@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import CheckpointError, clip, first_line, is_out_of_memory
 from ..utils.modules import set_tensor
-from .layers import is_layer, resize_layer
+from .layers import RULES, is_layer, layer_kind, resize_layer
 
 LIBRARIES = ("torchvision", "timm")
 # what a checkpoint's kwargs may hold: plain JSON, small (a builder's options, not data)
@@ -246,10 +246,28 @@ def int_attributes(model: nn.Module) -> dict[str, int]:
             for attr, v in vars(m).items() if type(v) is int and not attr.startswith("_")}
 
 
+# the integer attributes of torch's own modules a cut changes, beside those their rule names
+_TORCH_WIDTHS = {nn.modules.conv._ConvNd: {"groups"}, nn.GroupNorm: {"num_groups"},
+                 nn.MultiheadAttention: {"embed_dim", "kdim", "vdim", "num_heads", "head_dim"}}
+
+
+def _widths_of(m: nn.Module) -> set[str] | None:
+    """The integer attributes of ``m`` a cut may change: for torch's own modules those its
+    layer rule names as widths (and a GroupNorm's groups, an attention's heads); None (any)
+    for others, whose widths the cut finds by their values."""
+    if not type(m).__module__.startswith("torch."):
+        return None
+    kind = layer_kind(m)
+    named = set(RULES[kind].widths) if kind is not None else set()
+    return named | next((v for t, v in _TORCH_WIDTHS.items() if isinstance(m, t)), set())
+
+
 def set_int_attributes(model: nn.Module, widths, path) -> None:
     """The saved integer attributes (``int_attributes``: the widths and numbers of heads a
     cut set), set where the fresh model has that attribute as an int of at least that value (a
-    cut only lowers widths; a file cannot raise one)."""
+    cut only lowers widths; a file cannot raise one). Of torch's own modules, only those a cut
+    changes (``_widths_of``): a file that changes a pool's ``kernel_size`` or a softmax's
+    ``dim`` is refused."""
     if widths is None:
         return  # a file from before they were saved
     if not isinstance(widths, dict) or not all(isinstance(k, str) and type(v) is int
@@ -259,5 +277,10 @@ def set_int_attributes(model: nn.Module, widths, path) -> None:
     for key, value in widths.items():
         name, _, attr = key.rpartition(".")
         m = modules.get(name)
-        if m is not None and type(vars(m).get(attr)) is int and 0 <= value <= vars(m)[attr]:
+        if m is None or type(vars(m).get(attr)) is not int or value == vars(m)[attr]:
+            continue
+        allowed = _widths_of(m)
+        if allowed is not None and attr not in allowed:
+            raise CheckpointError(f"{path}: its widths change {clip(key)}, which is no width a cut sets")
+        if 0 <= value <= vars(m)[attr]:
             setattr(m, attr, value)
