@@ -224,3 +224,29 @@ def test_a_config_file_sets_the_parsers_defaults(tmp_path, capsys):
             apply_config(parser, ["train", "--config", str(config), "--save", "x"])
             parser.parse_args(["train", "--config", str(config), "--save", "x"])
         assert message in capsys.readouterr().err
+
+
+class _Layer(torch.nn.Module):
+    """A layer of one's own for the registration tests below."""
+
+
+@pytest.mark.parametrize("call,param", [
+    (lambda: slimming.register_layer(_Layer, slimming.LayerRule(makes={"weight": 0}), name=""), "name"),
+    (lambda: slimming.register_layer(_Layer, slimming.LayerRule(makes={"weight": 0}), name=5), "name"),
+    (lambda: slimming.register_layer(_Layer, slimming.LayerRule(reads={"weight": 7}, makes={"weight": 0})),
+     "rule"),
+    (lambda: slimming.register_layer(_Layer, slimming.LayerRule(reads={"weight": "1"}, makes={"weight": 0})),
+     "rule"),
+    (lambda: slimming.add_gates(torch.nn.Linear(4, 4), torch.zeros(1, 4), at=5), "at"),
+    (lambda: slimming.prune(torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8),
+                                                torch.nn.Conv2d(8, 4, 3)),
+                            percent=0.3, example_inputs=torch.zeros(1, 3, 8, 8),
+                            importance=importance.Importance()), "importance"),
+], ids=["name-empty", "name-int", "dim-7", "dim-str", "gates-at-int", "base-importance"])
+def test_extension_points_refuse_what_they_cannot_use_in_one_line(call, param):
+    """Hostile round 5: each a SlimmingError naming its parameter, nothing registered."""
+    before = dict(slimming.models.layers.RULES)
+    with pytest.raises(SlimmingError) as e:
+        call()
+    assert e.value.params == (param,) and "\n" not in str(e.value)
+    assert dict(slimming.models.layers.RULES) == before

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, SlimmingError
+from ..errors import CheckpointError, SlimmingError, clip
 from ..utils.modules import keep_slices, set_tensor
 
 BN_TENSORS = {"weight": 0, "bias": 0, "running_mean": 0, "running_var": 0}
@@ -326,6 +326,15 @@ def register_layer(module_type: type, rule: LayerRule, name: str | None = None) 
                             param="module_type")
     if not isinstance(rule, LayerRule) or not (rule.makes or rule.carries):
         raise SlimmingError("a layer rule makes channels (makes=) or carries them (carries=)", param="rule")
+    for field_, tensors in (("reads", rule.reads), ("makes", rule.makes), ("carries", rule.carries)):
+        bad = [(k, d) for k, d in (tensors.items() if isinstance(tensors, dict) else [(tensors, None)])
+               if not isinstance(k, str) or type(d) is not int or not 0 <= d <= 5]
+        if bad:
+            raise SlimmingError(f"a layer rule's {field_}= maps tensor names to the dim of their channels "
+                                f"(0 to 5), not {clip(repr(bad[0]))}", param="rule")
+    if name is not None and not (isinstance(name, str) and name.strip()):
+        raise SlimmingError(f"register_layer's name is the layer kind's name (a non-empty string), not "
+                            f"{clip(repr(name))}", param="name")
     name = name or module_type.__name__
     taken = [t for t, k in MODULE_RULES.items() if k == name and t is not module_type
              and getattr(t, "__qualname__", t) != module_type.__qualname__]

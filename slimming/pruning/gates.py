@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..errors import SlimmingError, clip
 from ..models.gates import attach, gated_layers
 from ..utils.modules import eager_model
 from .prune import default_example
@@ -37,7 +38,11 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
     them); ``prune`` then cuts heads whole and sets ``num_heads``."""
     model = eager_model(model, "add_gates")
     if at is not None:
-        attach(model, [at] if isinstance(at, str) else list(at))
+        names = list(at) if isinstance(at, (list, tuple, set, dict)) else [at]
+        if not all(isinstance(n, str) for n in names):
+            raise SlimmingError(f"add_gates: at takes layer names (a string or a list of them), not "
+                                f"{clip(repr(at))}", param="at")
+        attach(model, names)
         return _gated(model)
     graph = trace(model, default_example(model) if example_inputs is None else example_inputs, ignore)
     readers: dict[int, list] = {}

@@ -415,6 +415,10 @@ def _criterion(importance) -> Importance:
     if not callable(importance):
         raise SlimmingError(f"importance takes a name ('bn-max', 'bn-mean', ...) or an Importance, "
                             f"not {type(importance).__name__}", param="importance")
+    if type(importance).__call__ is Importance.__call__:
+        raise SlimmingError(f"importance: {type(importance).__name__} is the base class, which scores "
+                            "nothing; subclass it and define __call__, or pass a name such as 'bn-max'",
+                            param="importance")
     return importance
 
 
