@@ -97,10 +97,10 @@ def test_a_header_claiming_too_many_pixels_is_refused_before_decoding(tmp_path, 
     monkeypatch.setattr(images, "rgb8", decode)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        start = time.perf_counter()
+        start = time.process_time()
         with pytest.raises(DataError) as e:
             build(root, kind, tmp_path / "cache")
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10
     assert not [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)]
     text = one_line(e)
     assert text.startswith(f"{bad}: its header claims {claim}") and "decompression bomb" in text
@@ -144,10 +144,10 @@ def test_files_that_are_not_images(tmp_path, kind):
         if name == "dir.png":
             load_all(folder, kind, tmp_path / "cache")  # an empty folder named x.png is no image
             continue
-        start = time.perf_counter()
+        start = time.process_time()
         with pytest.raises(DataError) as e:
             load_all(folder, kind, tmp_path / "cache")
-        assert time.perf_counter() - start < 10, name
+        assert time.process_time() - start < 10, name
         text = one_line(e)
         assert text.startswith(str(path)) and expected[name] in text, text
 
@@ -311,9 +311,9 @@ def test_symlink_loops_list_each_image_once_and_finish(tmp_path):
     (ant / "sub" / "again").symlink_to("../sub")  # the folder holding the link
     (ant / "root").symlink_to("/")  # everything above
     (ant / "z_alias").symlink_to("sub")  # a second name for a folder: listed once, as sub
-    start = time.perf_counter()
+    start = time.process_time()
     classes, samples = list_images(root / "train")
-    assert time.perf_counter() - start < 2
+    assert time.process_time() - start < 2
     paths = [p for p, _ in samples]
     assert classes == ["ant", "bee"] and len(paths) == len(set(paths)) == 5
     assert paths[:3] == [str(ant / "0.png"), str(ant / "1.png"), str(ant / "sub" / "s.png")]
@@ -325,9 +325,9 @@ def test_a_double_loop_is_not_exponential(tmp_path):
     bee = root / "train" / "bee"
     for name in ("l1", "l2", "l3"):
         (bee / name).symlink_to(".")
-    start = time.perf_counter()
+    start = time.process_time()
     _, samples = list_images(root / "train")
-    assert time.perf_counter() - start < 2 and len(samples) == 4
+    assert time.process_time() - start < 2 and len(samples) == 4
 
 
 def test_a_class_folder_linked_from_elsewhere_is_read(tmp_path):

@@ -16,8 +16,12 @@ SCRIPT = REPO / "benchmarks" / "gpu" / "run.py"
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--no-install", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    """The smoke run with a budget no machine runs short of (the smoke's own 150 s sizes its
+    steps and epochs to the time left: on a busy machine a step was stopped, an epoch dropped),
+    so that what it does never depends on how fast the machine is; the timeout only catches a
+    hang."""
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--no-install", "--budget-s", "3000",
+                           *map(str, args)], cwd=REPO, capture_output=True, text=True, timeout=3000)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
 
@@ -119,9 +123,9 @@ def test_a_step_over_its_budget_is_stopped_with_everything_it_started(tmp_path):
             f"time.sleep(120)']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
     start = time.time()
     r = gpu_run.run_cmd([sys.executable, "-c", code], 6, log)
-    assert r["timed_out"] and time.time() - start < 30 and log.read_text().startswith("$ ")
+    assert r["timed_out"] and time.time() - start < 100 and log.read_text().startswith("$ ")  # not 120
     grandchild = int(pid_file.read_text())
-    deadline = time.time() + 10
+    deadline = time.time() + 60
     while time.time() < deadline:
         try:
             state = Path(f"/proc/{grandchild}/stat").read_text().split(")")[-1].split()[0]
@@ -134,4 +138,4 @@ def test_a_step_over_its_budget_is_stopped_with_everything_it_started(tmp_path):
         os.kill(grandchild, 9)
         raise AssertionError("the step's grandchild outlived it")
     r = gpu_run.run_cmd([sys.executable, "-c", "import time; time.sleep(120)"], 60, log, stop=lambda: True)
-    assert not r["timed_out"] and r["seconds"] < 20
+    assert not r["timed_out"] and r["seconds"] < 100  # not the 120 s it would sleep

@@ -48,7 +48,7 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def wait_for(predicate, proc, seconds=60.0) -> None:
+def wait_for(predicate, proc, seconds=300.0) -> None:  # a hang, on a busy machine too
     deadline = time.monotonic() + seconds
     while not predicate():
         assert proc.poll() is None, proc.communicate()[1][-2000:]
