@@ -463,6 +463,29 @@ def test_mix_transformer_tokens_to_a_map_and_back_are_cut_exactly(arch):
         assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
 
 
+def test_a_projection_after_heads_merged_by_a_kept_reshape_still_makes_channels_that_are_cut():
+    """timm's MViTv2: an attention whose pooled heads the trace keeps (an einsum of relative
+    positions, ``attn @ v + q``) merges them by a reshape and projects them with a linear layer.
+    The projection reads what the trace kept but makes the residual stream's channels: those are
+    cut (before, its output took the kept heads' dimension, the block's residual sum saw
+    'operands with their channels in different dimensions' and no channel of the network was cut)."""
+    mvitv2 = pytest.importorskip("timm.models.mvitv2")
+    torch.manual_seed(0)
+    model = mvitv2.MultiScaleVit(mvitv2.MultiScaleVitCfg(depths=(1, 2), embed_dim=16, num_heads=1),
+                                 img_size=64, num_classes=5).eval()
+    x = torch.zeros(1, 3, 64, 64)
+    slimming.add_gates(model, x)
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    widths = {n: m.out_features for n, m in result.model.named_modules() if n.endswith("attn.proj")}
+    assert len(widths) == 3 and sum(widths.values()) < 16 + 32 + 32  # the residual streams, cut
+    probe = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+
+
 # Layout changes and their inverses, each (forward, inverse) on an (N, C, H, W) tensor, as
 # channels-last and token networks write them
 LAYOUTS = {

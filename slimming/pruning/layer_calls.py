@@ -35,7 +35,13 @@ def layer(w: Walk, s: Step) -> None:
     if x is None:  # a layer of something made from constants: its outputs are kept
         return w.fresh(s.out, f"{name or s.op}: reads no tracked channels")
     why = _misfit(w, s, kind, x_t, x, name, attrs)
-    if why:
+    if why and rule.makes and attrs is not None and name is not None:
+        # it reads what it cannot follow (kept) but still makes channels of its own: an
+        # attention's projection after its heads were merged by a reshape the trace keeps
+        why = w.keep(s.op, why, [m for _, m in s.inputs])
+        reads = x_t.shape[-1] if rule.last else x_t.shape[1]
+        x = Map([Seg(w.g.new_space(reads, why), 0, reads, False)], dim=x_t.dim() - 1 if rule.last else 1)
+    elif why:
         return w.opaque(s.op, why, [m for _, m in s.inputs], s.out)
     for t, m in s.inputs:  # other tracked inputs (a deformable convolution's offsets): kept
         if t is not x_t:

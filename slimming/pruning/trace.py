@@ -305,14 +305,20 @@ class Walk:
         if dim is None:
             dims = {m.dim for m in inputs}
             dim = dims.pop() if len(dims) == 1 else 1
+        why = self.keep(op, what, inputs)
+        for t in tensors(out):
+            self.fresh(t, why, dim)
+
+    def keep(self, op: str, what: str, inputs: list[Map]) -> str:
+        """Every channel of ``inputs`` kept, because ``op`` reads them as ``what``; recorded for
+        the warning. Returns the reason."""
         where = self.where()
         why = f"{where}: {op} ({what})"
         for m in inputs:
             self.g.pin(m, why)
         kind = type(self.modules.get(where, self.model)).__name__
         self.g.kept.append(Kept(kind, where, op, what, list(inputs)))
-        for t in tensors(out):
-            self.fresh(t, why, dim)
+        return why
 
     def written(self, op: str, t: torch.Tensor, before: Map | None, tracked: bool) -> None:
         """After ``op`` wrote into ``t``: where its channels changed, every other tensor sharing
