@@ -48,9 +48,10 @@ from ..training.runs import (
     native_size,
     plain_args,
     read_checkpoint,
+    trained_on,
 )
 from ..training.train import MakeModel, load_init, train
-from ..utils.files import human_bytes
+from ..utils.files import human_bytes, write_text
 
 # --------------------------------------------------------------------------- train, finetune
 
@@ -167,25 +168,29 @@ def prune_data(args, ckpt: dict, device: torch.device):
     given (an error too), or the checkpoint's own dataset where it already is (nothing is
     downloaded for it). None, and a line that says why, where they are not."""
     given = args.dataset is not None or args.data_root is not None or args.download
+    named = trained_on(ckpt).get("dataset")
     default_data(args, ckpt)
     try:
         return loaders(args, device, image_size=native_size(ckpt["arch"]))
-    except DataError as e:
+    except DataError:
         if given or args.recalibrate_bn:
             raise
-        print(f"accuracy right after the cut: not measured ({first_line(e, 100)}; give --dataset and "
-              "--data-root, or --no-eval)")
+        why = f"its data, {args.dataset}, is not under {args.data_root or 'the default folder'}" if named \
+            else "the checkpoint does not say what it was trained on"
+        print(f"accuracy right after the cut: not measured ({why}); to measure it, give --dataset and "
+              "--data-root (--no-eval stops this line)")
         return None
 
 
-def accuracy_after_cut(args, ckpt: dict, model: nn.Module, data, device: torch.device) -> None:
+def accuracy_after_cut(args, ckpt: dict, model: nn.Module, data, device: torch.device) -> dict:
     """The pruned network's test accuracy right after the cut, before any fine-tune, on the
     test split of ``data``, beside the checkpoint's own."""
     m = evaluate(model, data[1], device)
     was = ckpt.get("acc")
     before = f" (the checkpoint's: {was:.2f}%)" if isinstance(was, (int, float)) else ""
     print(f"accuracy right after the cut: {m['acc']:.2f}%{before}, on {m['count']:,} test images of "
-          f"{args.dataset}; fine-tuning brings back what the cut cost")
+          f"{args.dataset}; `slimming finetune` on the pruned model recovers what the cut cost")
+    return m
 
 
 def latency_lines(b: dict) -> str:
@@ -256,7 +261,10 @@ def cmd_prune(args) -> None:
               f"{b['full']:.4g}): {b['achieved']:.4g} achieved ({100 * b['achieved'] / b['full']:.2f}%)")
     if isinstance(result.cfg, dict):  # a traced network: its widths per factor layer, in the file
         changed = sum(1 for _, b, a in table if a != b)
-        print(f"widths of {changed} of {len(table)} layers with a scaling factor changed (the file's cfg)")
+        gone = len(table) - len(result.cfg)  # gates fold into the layer after them at the cut
+        held = f"; the file's cfg holds the widths of the {len(result.cfg)} left (the {gone} gates " \
+            "fold into the layers they feed)" if gone > 0 else " (the file's cfg)"
+        print(f"widths of {changed} of {len(table)} layers with a scaling factor changed{held}")
     else:
         print(f"cfg {result.cfg}")
     if result.retries:
@@ -277,14 +285,18 @@ def cmd_prune(args) -> None:
     data = prune_data(args, ckpt, device) if args.recalibrate_bn or evaluating else None
     if args.recalibrate_bn:
         recalibrate(args, result.model, data, device)
-    if evaluating and data is not None:
-        accuracy_after_cut(args, ckpt, result.model, data, device)
+    measured = accuracy_after_cut(args, ckpt, result.model, data, device) if evaluating and data else None
     ask = next((f"--{k.replace('_', '-')}" for k in ("percent", "threshold", "target_flops", "target_params",
                                                       "target_latency")
                 if getattr(args, k) is not None), "--percent")
     for note in prune_warnings(model, result, args.min_channels, ask):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
     save_checkpoint(pruned.checkpoint(data=data_of(ckpt), args=plain_args(args, leave_out=DEVICE_FLAGS)), out)
+    evaluated = args.save / "eval.json"  # the accuracy right after the cut, for slimming report
+    if measured is not None:
+        write_text(evaluated, json.dumps({k: measured[k] for k in ("acc", "loss", "count")}))
+    elif evaluated.is_file() and not evaluated.is_symlink():
+        evaluated.unlink()  # it was another cut's
     print(f"saved {out}")
 
 
