@@ -82,7 +82,7 @@ def test_report_without_matplotlib_is_text_only(run, monkeypatch, capsys, tmp_pa
     assert "matplotlib is not installed" in (root / "report.md").read_text()
     assert not list(root.glob("*.png"))
     assert main(["report", "--run", str(tmp_path)]) == 2  # an empty folder: one clear line
-    assert "holds no stage" in capsys.readouterr().err
+    assert "holds no checkpoint" in capsys.readouterr().err
 
 
 def test_sweep_table(run, tmp_path, capsys):
@@ -342,6 +342,37 @@ def test_a_latency_budget_is_reported_as_asked_and_measured(fresh_run, budget, s
 def test_report_of_missing_folder(tmp_path):
     with pytest.raises(SlimmingError, match="no such run folder"):
         build_report(tmp_path / "nope")
+    with pytest.raises(SlimmingError, match="holds no checkpoint .* and no stage folder"):
+        build_report(tmp_path)
+
+
+def test_report_of_each_command_s_own_folder_follows_its_sources(tmp_path, capsys):
+    """train, prune and finetune each into a folder of its own (as docs/networks.md's commands
+    do): the report of any of them is what the run was up to that folder, its stages told by
+    their checkpoints and found through the sources they record; prune keeps the accuracy right
+    after the cut in eval.json as the pipeline does."""
+    runs = tmp_path / "runs"
+    assert main(["train", "--arch", "vgg", "--cfg", TINY, "--epochs", "1", "--sparsity", "1e-2",
+                 "--seed", "0", "--save", str(runs / "sparse"), *DATA]) == 0
+    assert main(["prune", "--checkpoint", str(runs / "sparse" / "best.pth"), "--percent", "0.5",
+                 "--save", str(runs / "pruned"), *DATA]) == 0
+    out = capsys.readouterr().out
+    acc = json.loads((runs / "pruned" / "eval.json").read_text())["acc"]
+    assert f"accuracy right after the cut: {acc:.2f}%" in out
+    assert main(["finetune", "--checkpoint", str(runs / "pruned" / "pruned.pth"), "--epochs", "1",
+                 "--save", str(runs / "tuned"), *DATA]) == 0
+    expected = {"sparse": ["sparse"], "pruned": ["sparse", "pruned"],
+                "tuned": ["sparse", "pruned", "finetuned"]}
+    for folder, stages in expected.items():
+        report = build_report(runs / folder, latency_repeats=1)
+        assert list(report["stages"]) == stages, folder
+        assert report["curves"].keys() == {"sparse", "finetuned"} & set(stages)
+        if "pruned" in stages:
+            assert report["stages"]["pruned"]["acc"] == acc
+            assert sum(b - a for _, b, a in report["layers"]) == 52  # half of the 104 channels
+    assert main(["prune", "--checkpoint", str(runs / "sparse" / "best.pth"), "--percent", "0.3",
+                 "--save", str(runs / "pruned"), "--overwrite", "--no-eval", "--cpu"]) == 0
+    assert not (runs / "pruned" / "eval.json").exists()  # it was the other cut's accuracy
 
 
 # ---------------------------------------------------------------------------------------------

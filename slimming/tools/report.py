@@ -2,7 +2,12 @@
 
 A run folder is what ``slimming pipeline`` writes: ``baseline/`` (optional, no sparsity),
 ``sparse/`` (sparsity training), ``pruned/pruned.pth`` (+ ``eval.json``, the accuracy right
-after pruning) and ``finetuned/``. Stages that are missing are left out of the report.
+after pruning) and ``finetuned/``. Stages that are missing are left out of the report. It may
+also be one command's ``--save`` folder (``slimming train``, ``prune`` or ``finetune``): its
+stage is told by its checkpoint (``pruned.pth``: pruned; a training run that started from
+another checkpoint: finetuned; one with sparsity: sparse; else baseline), and the folders its
+checkpoints name as their source (the pruned network's sparse run, ...) give the stages before
+it, where they are still there.
 
 What is read is checked, and bounded, before it is used:
 
@@ -165,6 +170,32 @@ def _stage_checkpoint(folder: Path) -> Path | None:
     return None
 
 
+def _stage_folders(run: Path, arch: str | None) -> dict[str, Path]:
+    """{stage: folder holding its checkpoint}, in STAGES order: a pipeline's stage folders, or
+    ``run`` itself and the folders its checkpoints name as their sources (module docstring)."""
+    found = {name: run / name for name in STAGES if _stage_checkpoint(run / name) is not None}
+    folder, seen = run, set()
+    while not found.keys() & {"sparse", "baseline"} and folder not in seen:
+        path = _stage_checkpoint(folder)
+        if path is None:
+            break
+        seen.add(folder)
+        ckpt = load_checkpoint(path, arch=arch)
+        source = ckpt.get("source") if isinstance(ckpt.get("source"), dict) else {}
+        args = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
+        sparsity = _number(args.get("sparsity")) or _number(args.get("sparsity_target"))
+        stage = PRUNED if path.name == "pruned.pth" else FINETUNED if source.get("path") \
+            else SPARSE if sparsity else BASELINE
+        if stage in found:
+            break
+        found[stage] = folder
+        came_from = source.get("path")
+        if not isinstance(came_from, str) or len(came_from) > 4096:
+            break
+        folder = Path(came_from).parent
+    return {name: found[name] for name in STAGES if name in found}
+
+
 def build_report(run: str | Path, latency_repeats: int = 10,
                  device: str | torch.device = "cpu", arch: str | None = None) -> dict:
     """Gather the figures of a run folder: per stage accuracy, parameters, FLOPs, latency on
@@ -173,21 +204,20 @@ def build_report(run: str | Path, latency_repeats: int = 10,
     run = Path(run)
     if not run.is_dir():
         raise SlimmingError(f"{run}: no such run folder (--run takes the --save folder of "
-                            "slimming pipeline)")
+                            "slimming pipeline, train, prune or finetune)")
     stages: dict[str, dict] = {}
     models: dict[str, nn.Module] = {}
     report: dict = {"run": str(run), "stages": stages, "layers": [], "threshold": None,
                     "percent": None, "device": str(device)}
-    for name in STAGES:
-        path = _stage_checkpoint(run / name)
-        if path is None:
-            continue
+    folders = _stage_folders(run, arch)
+    for name, folder in folders.items():
+        path = _stage_checkpoint(folder)
         ckpt = load_checkpoint(path, arch=arch)  # arch: a network of your own code, named
         model = model_from_checkpoint(ckpt, path).eval()
         models[name] = model
         acc = _number(ckpt.get("best_acc", ckpt.get("acc")))
         if name == "pruned":
-            done = run / name / "eval.json"
+            done = folder / "eval.json"
             acc = _read_eval(done) if done.exists() else None
             report["threshold"] = _number(ckpt.get("threshold"))
             report["percent"] = _number(ckpt.get("percent"))
@@ -203,11 +233,13 @@ def build_report(run: str | Path, latency_repeats: int = 10,
         stages[name] = {"checkpoint": str(path), "acc": acc, "epochs": epochs,
                         "cfg": model.cfg, **stats}
     if not stages:
-        raise SlimmingError(f"{run}: holds no stage folder with a checkpoint (baseline/, sparse/, "
-                            "pruned/, finetuned/)")
+        raise SlimmingError(f"{run}: holds no checkpoint (best.pth, last.pth or pruned.pth) and no "
+                            "stage folder with one (baseline/, sparse/, pruned/, finetuned/)")
     report["curves"], report["skipped_rows"] = {}, {}
     for name in TRAINED:
-        path = run / name / "metrics.jsonl"
+        if name not in folders:
+            continue
+        path = folders[name] / "metrics.jsonl"
         if path.exists() or path.is_symlink():
             rows, skipped = _read_metrics(path)
             report["curves"][name] = rows
