@@ -80,7 +80,7 @@ def test_a_torchvision_model_through_every_command(trained, tmp_path, capsys):
     code, out, err = run(capsys, "report", "--run", run_dir, "--repeats", "0", "--cpu")
     report = json.loads((run_dir / "report.json").read_text())
     assert code == 0 and report["stages"]["finetuned"]["params"] < report["stages"]["sparse"]["params"]
-    assert "pruned widths of 52 layers" in (run_dir / "report.md").read_text()
+    assert "the widths of 52 layers with a scaling factor" in (run_dir / "report.md").read_text()
     code, out, err = run(capsys, "train", *MV2, "--epochs", "2", "--resume", "auto", "--save", trained,
                          *DATA)
     assert code == 0 and "resuming from epoch 1" in out, err

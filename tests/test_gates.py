@@ -166,8 +166,11 @@ def test_train_with_gates_prune_and_finetune_from_the_command_line(tmp_path, cap
     assert "stages.3.blocks.1.mlp.fc2.slimming_gate" in out and "checked: equals the original" in out
     pruned = slimming.load_model(tmp_path / "p" / "pruned.pth")
     assert not gates(pruned) and reads(pruned.stages[3].blocks[1].mlp.fc2) < 1280  # 1x1 convolutions
+    left = len(pruned.cfg)  # prune and finetune count the same layers: the 12 gates fold away
+    assert f"the file's cfg holds the widths of the {left} left (the 12 gates fold into" in out
     assert main(["finetune", "--checkpoint", str(tmp_path / "p" / "pruned.pth"), "--epochs", "1",
                  "--save", str(tmp_path / "f"), *data]) == 0
+    assert f"cfg the widths of {left} layers with a scaling factor" in capsys.readouterr().out
 
 
 def test_a_gates_field_that_is_not_names_and_widths_is_refused_in_one_line(tmp_path):

@@ -60,7 +60,7 @@ def describe_cfg(cfg: list | dict | None) -> str:
     """A cfg for one line of text: a family's list as it is; a traced network's
     {factor layer name: width} as a count (the widths are in the checkpoint)."""
     if isinstance(cfg, dict):
-        return f"pruned widths of {len(cfg)} layers"
+        return f"the widths of {len(cfg)} layers with a scaling factor"
     return "default widths" if cfg is None else str(cfg)
 
 
