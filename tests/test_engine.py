@@ -163,3 +163,36 @@ def test_best_pth_follows_the_best_epoch_and_exists_after_the_first(tmp_path, ac
         first_best = next(i for i, a in enumerate(accs[:epoch], 1) if a == max(accs[:epoch]))
         assert kept["epoch"] == first_best and kept["acc"] == max(accs[:epoch])
         assert torch.load(tmp_path / "last.pth", weights_only=True)["epoch"] == epoch
+
+
+def test_a_diverging_run_says_so_once_and_a_settling_one_says_nothing():
+    """DivergenceWatch: a training loss at 1.5x its lowest epoch, a test loss at 10x its lowest,
+    a test loss that is not finite: one warning each, the first time; noise and falling losses
+    none."""
+    from slimming.training.engine import DivergenceWatch
+
+    def run(train, test):
+        watch = DivergenceWatch()
+        return [m for i, (a, b) in enumerate(zip(train, test)) for m in
+                watch.see({"epoch": i + 1, "train_loss": a, "test_loss": b})]
+
+    assert run([2.9, 2.1, 2.3, 1.9, 2.0], [80.0, 7.4, 9.0, 1.6, 1.7]) == []  # noise, a first wild test
+    assert run([0.01, 0.05, 0.04], [0.01, 0.05, 0.02]) == []  # tiny losses: a rise under 0.1 is noise
+    said = run([2.9, 3.5, 6.0, 9.0, 12.0], [2.0, 3.0, 11437.0, 20000.0, float("nan")])
+    assert len(said) == 3, said
+    assert said[0].startswith("the train loss rose to 6 at epoch 3 from 2.9: the run may be diverging")
+    assert said[1].startswith("the test loss rose to 1.144e+04 at epoch 3 from 2")
+    assert said[2].startswith("the test loss is nan at epoch 5: the run diverged")
+
+
+def test_a_run_whose_loss_climbs_warns_on_the_command_line(tmp_path, capsys):
+    """A learning rate warmed up far too high: the loss climbs from the first epoch on, and the
+    run says so in one line while it trains (before, 2.9 -> 6.0 went by without a word)."""
+    from slimming.cli import main
+
+    assert main(["train", "--arch", "vgg", "--cfg", "8,M,16,M,16,M,32,M,32", "--dataset", "synthetic",
+                 "--epochs", "3", "--lr", "60", "--warmup-epochs", "4", "--seed", "0", "--cpu",
+                 "--save", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert "slimming train: warning: the train loss rose to" in err and "may be diverging" in err
+    assert err.count("train loss rose") == 1

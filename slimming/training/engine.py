@@ -12,6 +12,7 @@ import math
 import random
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -234,6 +235,7 @@ class Trainer:
         bound = self.controller.bound if self.controller is not None else SPARSE_BOUND
         probe = self.sparsity or Sparsity(self.model, 0.0)  # reports the |gamma| fraction
         row: dict[str, Any] = {}
+        watch = DivergenceWatch()
         for epoch in range(start_epoch, epochs):
             start = time.perf_counter()
             if hasattr(train_loader, "set_epoch"):
@@ -263,7 +265,44 @@ class Trainer:
                     f"test loss {test['loss']:.4f}  test acc {test['acc']:.2f}%  "
                     f"|gamma|<{_short(bound)} {100 * row['gamma_lt_1e-2']:.1f}%{skipped}  "
                     f"{row['seconds']:.1f}s")
+                for message in watch.see(row):
+                    warnings.warn(message, stacklevel=2)
         return {**row, "best_acc": best_acc}
+
+
+class DivergenceWatch:
+    """Says, once each, when a run diverges: a loss that is not finite, a training loss that
+    rose to ``RISE`` times its lowest epoch, a test loss to ``TEST_RISE`` times its lowest (a
+    run at too high a learning rate went from a training loss of 2.9 to 6.0 and a test loss of
+    11437 without a word)."""
+
+    RISE, TEST_RISE = 1.5, 10.0
+
+    def __init__(self):
+        self.low: dict[str, float] = {}
+        self.said: set[str] = set()
+
+    def see(self, row: dict) -> list[str]:
+        out = []
+        for key, rise in (("train_loss", self.RISE), ("test_loss", self.TEST_RISE)):
+            value, low = row[key], self.low.get(key)
+            what = key.replace("_", " ")
+            if not math.isfinite(value):
+                out.append(self._once(f"{key}:finite", f"the {what} is {value} at epoch {row['epoch']}: "
+                                      "the run diverged; lower --lr (lr=) or --sparsity, or keep --amp off"))
+            elif low is not None and value > rise * low and value - low > 0.1:
+                out.append(self._once(key, f"the {what} rose to {value:.4g} at epoch {row['epoch']} from "
+                                      f"{low:.4g}: the run may be diverging; a lower --lr (lr=) or "
+                                      "--sparsity usually steadies it"))
+            if math.isfinite(value):
+                self.low[key] = value if low is None else min(low, value)
+        return [m for m in out if m]
+
+    def _once(self, key: str, message: str) -> str:
+        if key in self.said:
+            return ""
+        self.said.add(key)
+        return message
 
 
 def _short(x: float) -> str:
