@@ -18,6 +18,17 @@ slimming.
 
     python benchmarks/network_table.py [--size 224] [--repeats 3] [--only resnet50,...]
         [--out runs/network_table.json]
+
+``--section transformers``: transformers, hybrids and networks without normalisation (timm,
+torchvision, segmentation-models-pytorch on Mix-Transformer encoders), each tool by its
+documented route for them. slimming: ``add_gates`` (a gate per head and before each MLP's second
+layer; every width, ``everywhere=True``, where no normalisation scores any), the gates
+sparsity-shaped like the norms' gammas, then the same prune. Torch-Pruning: its ViT example's
+settings (``MetaPruner``, ``num_heads`` of every module holding a ``qkv`` linear and
+``num_heads``, the classifier ignored) ranking channels by the |gamma| of every norm
+(BatchNorm, LayerNorm, GroupNorm: ``GroupMagnitudeImportance(p=1)`` on them, the group's mean),
+so that both rank by the same factors where they have them; exact for it means the same as
+for slimming (its outputs equal the original's with the channels it cut zeroed in the norms).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from common import guarded, parser, positive_int, sparsity_shaped
 from torch import nn
 
 import slimming
+from slimming.models.layers import ChannelGate, is_factor_layer
 from slimming.pruning.norms import kept_statistics
 from slimming.pruning.ops import leaves
 from slimming.pruning.verify import check
@@ -66,6 +78,18 @@ DETECTION = {"fasterrcnn_mobilenet_v3_large_320_fpn": {}, "ssdlite320_mobilenet_
              "retinanet_resnet50_fpn": {"min_size": 224, "max_size": 224},
              "fcos_resnet50_fpn": {"min_size": 224, "max_size": 224}}
 VIDEO = ["r3d_18", "mc3_18", "r2plus1d_18"]  # s3d needs 16 frames at 224x224: too slow here
+TRANSFORMERS = ["vit_tiny_patch16_224", "deit_tiny_patch16_224", "deit3_small_patch16_224",
+                "vit_relpos_small_patch16_224", "cait_xxs24_224", "convit_tiny",
+                "swin_tiny_patch4_window7_224", "swinv2_cr_tiny_224", "coat_lite_tiny", "twins_pcpvt_small",
+                "twins_svt_small", "pvt_v2_b0",
+                "poolformer_s12", "caformer_s18", "efficientformer_l1", "efficientformerv2_s0",
+                "xcit_nano_12_p16_224", "crossvit_tiny_240", "pit_ti_224", "resmlp_12_224", "gmlp_ti16_224",
+                "mixer_s16_224", "nest_tiny", "visformer_tiny", "tnt_s_patch16_224", "tiny_vit_5m_224",
+                "davit_tiny", "gcvit_xxtiny", "mvitv2_tiny", "focalnet_tiny_srf", "hiera_tiny_224",
+                "eva02_tiny_patch14_224", "sebotnet33ts_256", "mobilevitv2_050", "nf_regnet_b0",
+                "resnetv2_50x1_bit", "inception_next_tiny", "starnet_s1"]
+TRANSFORMERS_TV = ["swin_v2_t", "alexnet"]
+MIT = ["Segformer", "UPerNet", "FPN"]  # segmentation-models-pytorch on mit_b0
 SMP = [("Unet", "resnet34"), ("UnetPlusPlus", "resnet18"), ("FPN", "efficientnet-b0"),
        ("DeepLabV3Plus", "resnet34"), ("PSPNet", "resnet34"), ("Linknet", "resnet18"),
        ("MAnet", "resnet18"), ("PAN", "resnet34")]
@@ -111,6 +135,28 @@ def networks(size: int) -> list[tuple]:
     return out
 
 
+def transformers() -> list[tuple]:
+    """The ``--section transformers`` networks, as ``networks`` gives them (none of them in it)."""
+    import timm
+    import torchvision
+
+    out = []
+    for n in TRANSFORMERS:
+        cfg = timm.models.get_pretrained_cfg(n)
+        shape = tuple(cfg.input_size) if cfg else (3, 224, 224)
+        build = lambda n=n: timm.create_model(n, pretrained=False, num_classes=10)  # noqa: E731
+        out.append((f"timm {n}", build, shape, (), False))
+    out += [(f"torchvision {n}", lambda n=n: torchvision.models.get_model(n, weights=None, num_classes=10),
+             (3, 224, 224), (), False) for n in TRANSFORMERS_TV]
+    try:
+        import segmentation_models_pytorch as smp
+        out += [(f"smp {a}(mit_b0)", lambda a=a: getattr(smp, a)("mit_b0", encoder_weights=None, classes=3),
+                 (3, 224, 224), ((), ("segmentation_head",)), False) for a in MIT if hasattr(smp, a)]
+    except ImportError:
+        pass
+    return out
+
+
 def with_statistics(model: nn.Module, seed: int = 1) -> None:
     """Random betas (and running statistics) in every BatchNorm, GroupNorm and LayerNorm, so
     that a cut channel's constant output (what exactness is about) is not zero."""
@@ -143,8 +189,9 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
     with torch.no_grad():
         for name, keep in masks.items():
             bn = z.get_submodule(name)
-            bn.weight[~keep] = 0
-            bn.bias[~keep] = 0
+            for t in (bn.weight, getattr(bn, "bias", None)):  # a gate has no bias
+                if t is not None:
+                    t.view(-1)[~keep] = 0
 
     def run(*args):
         with kept_statistics(z, masks):
@@ -153,14 +200,51 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
 
 
 def masks_by_value(original: nn.Module, pruned: nn.Module) -> dict[str, torch.Tensor]:
-    """Which channels each BatchNorm kept, found by its surviving gammas (all distinct)."""
+    """Which channels each norm (BatchNorm, LayerNorm, GroupNorm) kept, found by its surviving
+    gammas (all distinct)."""
     masks = {}
     pruned_modules = dict(pruned.named_modules())
     for name, bn in original.named_modules():
-        if isinstance(bn, nn.modules.batchnorm._BatchNorm) and name in pruned_modules:
+        if isinstance(bn, NORMS) and getattr(bn, "weight", None) is not None and name in pruned_modules:
             kept = pruned_modules[name].weight.detach()
             masks[name] = torch.isin(bn.weight.detach(), kept)
     return masks
+
+
+NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
+
+
+def gated(model: nn.Module, example: torch.Tensor, seed: int = 2) -> None:
+    """slimming's route for transformers and networks without normalisation: ``add_gates``
+    (everywhere, where no norm scores any channel), the gates' values sparsity-shaped as
+    ``sparsity_shaped`` shapes the gammas (their own generator: the norms stay as they were)."""
+    everywhere = not any(is_factor_layer(m) for m in model.modules())
+    slimming.add_gates(model, example, everywhere=everywhere)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, ChannelGate):
+                n = m.weight.numel()
+                w = (torch.rand(n, generator=g) * 0.9 + 0.1) * torch.sign(torch.randn(n, generator=g))
+                w[torch.rand(n, generator=g) < 0.5] *= 1e-3
+                m.weight.copy_(w.view_as(m.weight))
+
+
+def their_vit_route(m: nn.Module, example: torch.Tensor, ignored: list, tp) -> None:
+    """Torch-Pruning's ViT example's settings, ranking by every norm's |gamma|, in place."""
+    heads = {mod.qkv: mod.num_heads for mod in m.modules() if isinstance(getattr(mod, "qkv", None), nn.Linear)
+             and isinstance(getattr(mod, "num_heads", None), int)}
+    importance = tp.importance.GroupMagnitudeImportance(p=1, group_reduction="mean", normalizer=None,
+                                                         bias=False, target_types=NORMS)
+    pruner = tp.pruner.MetaPruner(m, example, importance=importance, global_pruning=True,
+                                  pruning_ratio=PERCENT, ignored_layers=ignored, num_heads=heads,
+                                  prune_head_dims=True, prune_num_heads=False)
+    pruner.step()
+    for mod in m.modules():  # as its example sets them after the step
+        qkv = getattr(mod, "qkv", None)
+        if qkv in pruner.num_heads and hasattr(mod, "head_dim"):
+            mod.num_heads = pruner.num_heads[qkv]
+            mod.head_dim = qkv.out_features // (3 * mod.num_heads)
 
 
 def params(m: nn.Module) -> int:
@@ -182,14 +266,22 @@ def timed(fns, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: int, tp) -> dict:
+def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: int, tp,
+        transformer: bool = False) -> dict:
     torch.manual_seed(0)
     model = build().eval()
     sparsity_shaped(model, seed=0)
     with_statistics(model)
     example = torch.zeros(1, *shape)
+    plain, refused = model, None  # plain: what Torch-Pruning is given
+    if transformer:
+        plain, model = model, copy.deepcopy(model)
+        try:
+            gated(model, example)
+        except slimming.SlimmingError as e:
+            refused = e
     x = torch.randn(2, *shape, generator=torch.Generator().manual_seed(1))
-    row = {"network": name, "size": "x".join(map(str, shape[1:])), "params": params(model)}
+    row = {"network": name, "size": "x".join(map(str, shape[1:])), "params": params(plain)}
 
     ours_keep, tp_keep = keep or ((), ())
 
@@ -198,9 +290,12 @@ def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: in
                               compensate=False, ignore=ours_keep, verify=verify)
 
     def theirs():
-        m = copy.deepcopy(model)
+        m = copy.deepcopy(plain)
         linears = [x for x in m.modules() if isinstance(x, nn.Linear)]
         ignored = [m.get_submodule(k) for k in tp_keep] or linears[-1:]
+        if transformer:
+            their_vit_route(m, example, ignored, tp)
+            return m
         pruner = tp.pruner.BNScalePruner(
             m, example, importance=tp.importance.BNScaleImportance(group_reduction="mean", normalizer=None),
             global_pruning=True, pruning_ratio=PERCENT, ignored_layers=ignored)
@@ -208,6 +303,8 @@ def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: in
         return m
 
     try:
+        if refused is not None:
+            raise refused
         result = ours(verify=True)
         row.update(ours_cut=1 - params(result.model) / row["params"], ours_verified=result.verified)
         if discrete:  # after non-maximum suppression: the check's module-by-module comparison
@@ -229,11 +326,11 @@ def one(name: str, build, shape: tuple, keep: tuple, discrete: bool, repeats: in
             small = theirs()
         finally:
             signal.alarm(0)
-        row["tp_cut"] = 1 - params(small) / row["params"]
+        row["tp_cut"] = 1 - params(small) / params(plain)
         try:
             with torch.no_grad():
                 out = output_of(small(x))
-                diff = rel_diff(out, output_of(zeroed(model, masks_by_value(model, small))(x)))
+                diff = rel_diff(out, output_of(zeroed(plain, masks_by_value(plain, small))(x)))
             row.update(tp_runs=True, tp_exact=diff < 1e-4 and not discrete, tp_diff=diff)
         except Exception as e:
             row.update(tp_runs=False, tp_error=f"{type(e).__name__}: {str(e)[:120]}")
@@ -277,6 +374,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--only", default="", help="comma-separated parts of network names")
     ap.add_argument("--out", type=Path, default=Path("runs/network_table.json"))
+    ap.add_argument("--section", choices=("classic", "transformers"), default="classic",
+                    help="transformers: the section of transformers, hybrids and networks without "
+                         "normalisation, each tool by its documented route for them")
     args = ap.parse_args()
     try:
         import torch_pruning as tp  # the peer measured here; not a dependency of slimming
@@ -289,11 +389,12 @@ def main() -> None:
     print("| network | parameters | slimming: cut, result | Torch-Pruning: cut, result | "
           "slimming ms | checked ms | Torch-Pruning ms | ratio | checked ratio | check (forwards) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, build, shape, keep, discrete in networks(args.size):
+    section = transformers() if args.section == "transformers" else networks(args.size)
+    for name, build, shape, keep, discrete in section:
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
         try:
-            row = one(name, build, shape, keep, discrete, args.repeats, tp)
+            row = one(name, build, shape, keep, discrete, args.repeats, tp, args.section == "transformers")
         except Exception as e:  # a network this torch/timm cannot build or run: say so, go on
             row = {"network": name, "size": "x".join(map(str, shape[1:])), "params": 0,
                    "ours_error": f"not built: {type(e).__name__}: {str(e)[:100]}",
