@@ -191,6 +191,27 @@ def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, checkpoint, pipel
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path, checkpoint):
+    """``nohup slimming prune ... &``: SIGHUP was ignored when the process started and stays
+    ignored (the handler that cleans up on SIGTERM once replaced nohup's ignore: exit 129)."""
+    script = SLOW_RENAME.replace("time.sleep(60)", "time.sleep(1)")
+    (tmp_path / "slow.py").write_text(script)
+    marker, out = tmp_path / "renaming", tmp_path / "out"
+
+    def like_nohup():
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    argv = ["prune", "--checkpoint", checkpoint, "--percent", "0.5", "--save", out, "--cpu"]
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "slow.py"), str(marker), *map(str, argv)],
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=like_nohup)
+    wait_for(marker.exists, proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert (out / "pruned.pth").exists() and temporaries(out) == []
+
+
 # --------------------------------------------------------------------------- the decode cache
 
 def test_a_damaged_decode_cache_is_rebuilt_by_the_next_run(tmp_path, capsys, monkeypatch):

@@ -140,7 +140,9 @@ class RunLock:
 @contextlib.contextmanager
 def handle_signals() -> Iterator[None]:
     """While inside: SIGTERM and SIGHUP raise ``SystemExit(128 + signum)`` in the main thread,
-    so ``finally`` blocks and ``atomic_path`` clean up. Outside the main thread: a no-op."""
+    so ``finally`` blocks and ``atomic_path`` clean up. A signal the process was started
+    ignoring stays ignored (``nohup slimming train ... &`` outlives its terminal). Outside the
+    main thread: a no-op."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -148,7 +150,8 @@ def handle_signals() -> Iterator[None]:
     def stop(signum, frame):
         raise SystemExit(128 + signum)
 
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(s) is not signal.SIG_IGN}
     try:
         yield
     finally:
