@@ -135,3 +135,45 @@ def test_nin_exports_too(tmp_path):
             m.weight.data.uniform_(0, 1)
     small = prune(model, percent=0.4).model
     assert export_model(small, tmp_path / "nin.pt2", "export") <= 1e-4
+
+
+@pytest.mark.parametrize("argv", [
+    ["export", "--format", "export", "--out", "{out}/m.pt2"],
+    ["export", "--format", "torchscript", "--out", "{out}/m.pt"],
+    ["prune", "--percent", "0.3", "--no-eval", "--save", "{out}"],
+])
+def test_a_disk_that_fills_mid_write_is_one_line_naming_the_file(ckpts, argv):
+    """Writes past a size limit fail as on a full disk (RLIMIT_FSIZE, SIGXFSZ ignored): one line
+    that names the file, no temporary left. torch's archive writer used to abort the export in
+    C++ (exit 134) after its line; the prune said 'error: : No space left on device'."""
+    import resource
+    import signal
+    import subprocess
+
+    out = ckpts / "out"
+    out.mkdir()
+
+    def small_disk():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    args = [a.format(out=out) for a in argv]
+    run = subprocess.run([sys.executable, "-m", "slimming", args[0], "--checkpoint", str(ckpts / "big.pth"),
+                          *args[1:], "--cpu"], capture_output=True, text=True, preexec_fn=small_disk,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    target = args[args.index("--out") + 1] if "--out" in args else f"{out}/pruned.pth"
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == f"slimming {args[0]}: error: {target}: File too large"
+    assert "Traceback" not in run.stderr and "terminate" not in run.stderr
+    assert list(out.iterdir()) == []
+
+
+def test_a_legal_long_file_name_is_written(ckpts):
+    """A 254-character name is legal; the temporary file beside it must be too."""
+    from slimming import load_pruned, save_pruned
+
+    model = models.build("vgg", cfg=CFG).eval()
+    path = ckpts / ("m" * 250 + ".pth")
+    save_pruned(model, path)
+    assert load_pruned(path, models.build("vgg", cfg=CFG)).state_dict().keys() == model.state_dict().keys()
+    export_model(model, ckpts / ("e" * 250 + ".pt2"), "export")

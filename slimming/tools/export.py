@@ -4,6 +4,7 @@ PyTorch model on a random batch; the file is kept only when they agree."""
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from pathlib import Path
@@ -19,17 +20,27 @@ from ..utils.files import atomic_path
 FORMATS = ("export", "torchscript", "onnx")
 
 
+def _written(save, path: Path) -> None:
+    """``save(buffer)`` into memory, then the bytes to ``path`` by Python: torch's archive writer
+    aborts the process (C++ ``terminate``, exit 134) when the disk fills under it, where Python's
+    write raises an OSError that names the file."""
+    buf = io.BytesIO()
+    save(buf)
+    path.write_bytes(buf.getbuffer())
+
+
 def _run_torchscript(model, x, path):
     with warnings.catch_warnings():  # TorchScript is deprecated in favour of torch.export
         warnings.simplefilter("ignore", FutureWarning)
-        torch.jit.save(torch.jit.script(model), path)
+        scripted = torch.jit.script(model)
+        _written(lambda f: torch.jit.save(scripted, f), path)
         return torch.jit.load(path)(x)
 
 
 def _run_export(model, x, path):
     batch = torch.export.Dim("batch", min=1)
     program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
-    torch.export.save(program, path)
+    _written(lambda f: torch.export.save(program, f), path)
     return torch.export.load(path).module()(x)
 
 
@@ -69,7 +80,7 @@ def export_model(model: nn.Module, out: str | os.PathLike, fmt: str = "export",
         expected = model(x)
         try:
             got = RUNNERS[fmt](model, x, tmp)
-        except ExportError:
+        except (ExportError, OSError):  # an OSError: the disk, named by atomic_path
             raise
         except Exception as e:  # the exporters raise many kinds; all mean "could not export"
             raise ExportError(f"{fmt} export failed: {first_line(e)}") from None

@@ -30,7 +30,7 @@ from pathlib import Path
 from ..errors import SlimmingError
 
 LOCK_NAME = ".slimming.lock"
-# ".{target name}.{8 random characters from mkstemp}.tmp{target suffix}"
+# ".{target name, its first 40 characters}.{8 random characters from mkstemp}.tmp{target suffix}"
 _TEMPORARY = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp(\.[A-Za-z0-9]+)?")
 
 
@@ -54,9 +54,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a fresh temporary path beside ``path`` (same suffix, so writers that look at the
     extension are content); on success it replaces ``path`` atomically and durably."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=path.parent)
-    os.close(fd)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # the temporary's name stays short: a legal 255-byte name must not make an illegal one
+        fd, name = tempfile.mkstemp(prefix=f".{path.name[:40]}.", suffix=f".tmp{path.suffix[:16]}",
+                                    dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise _naming(e, path) from None
     tmp = Path(name)
     try:
         yield tmp
@@ -67,10 +72,21 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a folder gone: the file it was for, named
+        tmp.unlink(missing_ok=True)
+        raise _naming(e, path) from None
     except BaseException:  # an error, Ctrl-C or a signal: leave the old file, no temporary
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """``e`` as the same kind of error about ``path`` (what the user asked to write), not about
+    a temporary or no file at all ("error: : No space left on device")."""
+    if e.errno is None:
+        return OSError(f"{path}: {e}")
+    return OSError(e.errno, e.strerror or os.strerror(e.errno), str(path))
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
