@@ -13,7 +13,7 @@ paper's convention. A CPU and a few seconds::
 from __future__ import annotations
 
 import torch
-from common import sparsity_shaped
+from common import parser, sparsity_shaped
 
 from slimming import count_flops, count_params, models, prune
 
@@ -38,4 +38,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    parser(__doc__).parse_args()  # no options: --help, and a mistake is refused
     main()

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import sparsity_shaped
+from common import parser, sparsity_shaped
 
 import slimming
 from slimming import models
@@ -116,4 +116,5 @@ def torch_pruning_call(model):
 
 
 if __name__ == "__main__":
+    parser(__doc__).parse_args()  # no options: --help, and a mistake is refused
     main()

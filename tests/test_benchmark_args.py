@@ -71,3 +71,18 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
         assert len(lines) == 1 and "Traceback" not in err, (name, err[-1500:])
     assert f.read_text() == "keep me" and not list(d.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder"]
+
+
+def test_every_script_refuses_an_option_it_does_not_have(tmp_path, monkeypatch, capsys):
+    """``--bogus`` is one line and exit code 2 before any work, for every script (prune_time.py
+    once ran its whole benchmark and exited 0)."""
+    monkeypatch.chdir(tmp_path)
+    scripts = sorted(p for p in [*BENCH.glob("*.py"), *BENCH.glob("gpu/*.py")] if p.name != "common.py")
+    assert len(scripts) >= 18
+    for path in scripts:
+        if "__main__" not in path.read_text():
+            continue  # a helper module, not a script
+        code, err = run_script(path, ["--bogus"], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, (path.name, err[-800:])
+        assert "--bogus" in err or "required" in err, (path.name, err)
+    assert list(tmp_path.iterdir()) == []
