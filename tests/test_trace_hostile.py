@@ -980,3 +980,36 @@ def test_a_forward_of_one_batch_size_is_pruned_and_compensated():
     assert result.model.a[1].num_features < 8 and result.compensation["layers"] >= 1
     with torch.no_grad():
         assert result.model(torch.randn(1, 3, 8, 8)).shape == (1, 3)
+
+
+def _qat_conv_bn():
+    from torch.ao.nn.intrinsic import qat
+    from torch.ao.quantization import get_default_qat_qconfig
+
+    return qat.ConvBn2d(8, 8, 3, padding=1, qconfig=get_default_qat_qconfig())
+
+
+@pytest.mark.parametrize("wrap", ["weight_norm", "spectral_norm", "qat_conv_bn"])
+def test_a_layer_whose_forward_computes_its_weight_ran_and_is_kept_not_unseen(wrap):
+    """weight_norm, spectral_norm and a QAT ConvBn2d compute the weight their convolution runs
+    with: slimming keeps that layer's channels (it cannot cut a computed weight) and says so as
+    a kept op, not 'did not run on the example input'; the rest is cut exactly."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    middle = {"weight_norm": lambda: parametrizations.weight_norm(nn.Conv2d(8, 8, 3, padding=1)),
+              "spectral_norm": lambda: parametrizations.spectral_norm(nn.Conv2d(8, 8, 3, padding=1)),
+              "qat_conv_bn": _qat_conv_bn}[wrap]()
+    model = nn.Sequential(cbr(3, 8), cbr(8, 8), middle, nn.ReLU(), cbr(8, 8), nn.Conv2d(8, 4, 1)).eval()
+    sparsity_shaped(model, 0)
+    x = torch.randn(1, 3, 16, 16)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    messages = [str(w.message) for w in said]
+    assert not any("did not run" in m for m in messages), messages
+    assert any("kept channels it cannot follow" in m and "[2]" in m for m in messages), messages
+    assert result.model[0][0].out_channels < 8  # the first block is cut
+    probe = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..models.layers import RULES, layer_kind
+from ..models.layers import RULES, is_layer, layer_kind
 from .graph import Map, Seg, Use
 from .ops import Step, Walk, arg, tensors
 
@@ -30,8 +30,10 @@ def layer(w: Walk, s: Step) -> None:
         attrs = {}
         if rule.carries and w.stack and layer_kind(w.modules[w.stack[-1]]) == kind:
             name = w.stack[-1]
-    if rule.carries and w.stack:
-        w.seen.add(w.stack[-1])  # a norm module without tensors ran too
+    if w.stack and (rule.carries or (name is None and is_layer(w.modules.get(w.stack[-1])))):
+        # a norm module without tensors ran too, and so did a layer whose forward computes the
+        # tensors it calls with (a QAT ConvBn2d's fake-quantised, BatchNorm-scaled weight)
+        w.seen.add(w.stack[-1])
     if x is None:  # a layer of something made from constants: its outputs are kept
         return w.fresh(s.out, f"{name or s.op}: reads no tracked channels")
     why = _misfit(w, s, kind, x_t, x, name, attrs)
