@@ -1013,3 +1013,39 @@ def test_a_layer_whose_forward_computes_its_weight_ran_and_is_kept_not_unseen(wr
     probe = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+
+
+class Counting(nn.Module):
+    """A forward that counts its calls in a buffer (in place) and keeps a running mean of its
+    output in another (replaced, out of place), as EMA trackers and call counters do."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(cbr(3, 8), cbr(8, 8), nn.Conv2d(8, 4, 1))
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("ema", torch.zeros(4))
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.body(x)
+        self.ema = 0.9 * self.ema + 0.1 * y.detach().mean((0, 2, 3))
+        return y
+
+
+@pytest.mark.parametrize("compensate", [True, False])
+def test_a_forward_that_changes_a_buffer_leaves_the_original_as_it_was(compensate):
+    """prune runs forwards the user never asked for (the trace, the check, compensation): the
+    original's buffers, and the pruned copy's, are what the original's were before the call."""
+    torch.manual_seed(0)
+    model = Counting().eval()
+    sparsity_shaped(model, 0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    ema = model.ema
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=torch.randn(1, 3, 16, 16),
+                                compensate=compensate)
+    after = model.state_dict()
+    assert [k for k in before if not torch.equal(before[k], after[k])] == []
+    assert model.ema is ema  # the very tensor, as an optimizer or a hook may hold it
+    assert result.model.calls == 0 and torch.equal(result.model.ema, torch.zeros(4))

@@ -79,12 +79,22 @@ def restored_on_error(model: nn.Module):
 
 @contextlib.contextmanager
 def modes_kept(model: nn.Module):
-    """Every module's train/eval flag as it was when the block ends, whatever the block set
-    (a BatchNorm frozen in eval inside a training model stays frozen)."""
+    """Every module's train/eval flag and buffers as they were when the block ends, whatever the
+    block set: a BatchNorm frozen in eval inside a training model stays frozen, and a forward
+    that counts its calls or keeps a running average in a buffer leaves it as it found it (the
+    trace, the check and compensation run forwards the user never asked for)."""
     flags = [(m, m.training) for m in model.modules()]
+    with torch.no_grad():
+        buffers = [(m, k, b, b.clone()) for m in model.modules() for k, b in m._buffers.items()
+                   if isinstance(b, torch.Tensor)]
     try:
         yield model
     finally:
         for m, training in flags:
             if m.training != training:  # Module.__setattr__ is slow: a check runs this per module
                 m.training = training
+        with torch.no_grad():
+            for m, k, b, saved in buffers:
+                if m._buffers.get(k) is not b:  # replaced (self.ema = self.ema * 0.9 + ...)
+                    m._buffers[k] = b
+                b.copy_(saved)
