@@ -226,7 +226,7 @@ CHECKPOINTS = [
     ("flipped", "checksum"), ("expanded", "expanded"), ("laughs", "exponential"),
     ("deep", "nested deeper"), ("bigint", "Unsupported operand"), ("sparse", "sparse"),
     ("complex", "complex"), ("intweight", "int64"), ("shape", "do not fit"),
-    ("nontensor", "other than named tensors"), ("nangamma", "non-finite"),
+    ("nontensor", "other than named tensors"), ("nangamma", "feature.1.weight holds NaN"),
     ("optslist", "options"), ("classes0", "positive integer"), ("classesbig", "declares 1000000000"),
     ("optbool", "positive integer"), ("optunknown", "width"), ("format", "not a slimming"),
     ("version", "newer slimming"), ("cfgint", "'cfg'"), ("cfghuge", "declares cfg"),

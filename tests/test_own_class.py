@@ -177,11 +177,23 @@ def _hostile(state: dict, case: str) -> dict:
                       "fc.weight": torch.empty(2, 0), **{k: torch.ones(0) for k in bn}})
     elif case == "linear-that-does-not-fit":
         state["fc.weight"] = torch.ones(2, 5)
+    elif case == "int64-weights":
+        state["conv.weight"] = state["conv.weight"].mul(100).long()
+    elif case == "nan-weight":
+        state["fc.weight"][0, 0] = float("nan")
+    elif case == "infinite-weight":
+        state["bn.weight"][3] = float("inf")
+    elif case == "negative-variance":
+        state["bn.running_var"][1] = -0.5
     return state
 
 
+VALUES = ["int64-weights", "nan-weight", "infinite-weight", "negative-variance"]
+
+
 @pytest.mark.parametrize("case", ["zero-element-weight-2**31-wide", "batchnorm-wider-than-built",
-                                  "zero-width-layer", "linear-that-does-not-fit", "checksum-removed"])
+                                  "zero-width-layer", "linear-that-does-not-fit", "checksum-removed",
+                                  *VALUES])
 def test_a_hostile_pruned_file_is_refused_before_the_instance_changes(tmp_path, case):
     """A few-KB file cannot make load_pruned allocate gigabytes or hand back a network whose
     widths do not fit; the caller's instance is left exactly as it was."""
@@ -202,6 +214,33 @@ def test_a_hostile_pruned_file_is_refused_before_the_instance_changes(tmp_path, 
     assert "\n" not in str(e.value)
     after = fresh.state_dict(keep_vars=True)
     assert after.keys() == before.keys() and all(after[k] is v for k, v in before.items())
+
+
+@pytest.mark.parametrize("case", VALUES)
+def test_values_no_training_writes_are_refused_on_save_and_on_load(tmp_path, case):
+    """int64 weights, a NaN, an infinite gamma, a negative variance: save_pruned refuses to write
+    them (it never writes what load_pruned refuses) and a slimming checkpoint holding them is
+    refused by load_model, in one line each (they loaded silently and computed garbage)."""
+    model = Small()
+    if case != "int64-weights":  # a model cannot hold an int64 convolution weight
+        with torch.no_grad():
+            for k, v in _hostile(Small().state_dict(), case).items():
+                model.state_dict()[k].copy_(v)
+        with pytest.raises(SlimmingError, match="bn|fc") as e:
+            save_pruned(model, tmp_path / "x.pth")
+        assert e.value.params == ("model",) and not (tmp_path / "x.pth").exists()
+    ckpt = slimming.checkpoint_dict(slimming.models.build("vgg", cfg=[4, "M", 4, "M", 4, "M", 4, "M", 4]))
+    key = next(k for k in ckpt["state_dict"] if k.endswith({"int64-weights": "0.weight", "nan-weight": "bias",
+                                                              "infinite-weight": "1.weight",
+                                                              "negative-variance": "running_var"}[case]))
+    t = ckpt["state_dict"][key]
+    ckpt["state_dict"][key] = t.long() if case == "int64-weights" else t.index_fill(
+        0, torch.tensor([0]), {"nan-weight": float("nan"), "infinite-weight": float("inf"),
+                               "negative-variance": -1.0}[case])
+    slimming.save_checkpoint(ckpt, tmp_path / "c.pth")
+    with pytest.raises(CheckpointError, match=key.replace(".", r"\.")) as e:
+        slimming.load_model(tmp_path / "c.pth")
+    assert "\n" not in str(e.value)
 
 
 def test_an_instance_built_on_the_meta_device_is_loaded_not_left_empty(tmp_path):

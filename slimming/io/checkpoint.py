@@ -182,9 +182,12 @@ def strip_prefix(state_dict: dict, prefix: str = "module.") -> dict:
     return state_dict
 
 
-def _match_dtypes(state: dict, expected: dict, path) -> dict:
+def match_dtypes(state: dict, expected: dict, path, parameters=()) -> dict:
     """Cast floating tensors saved in another float precision (a ``model.half()`` or float64
-    file) to the network's; refuse any other dtype mismatch."""
+    file) to the network's; refuse any other dtype mismatch (int64 weights), a NaN anywhere, an
+    infinity in a parameter (named in ``parameters``; a buffer may hold a -inf mask) and a
+    negative BatchNorm variance: values no training writes, which would load and compute
+    garbage without a word."""
     out = {}
     for key, t in state.items():
         want = expected.get(key)
@@ -192,6 +195,16 @@ def _match_dtypes(state: dict, expected: dict, path) -> dict:
             if not (t.is_floating_point() and want.is_floating_point()):
                 raise CheckpointError(f"{path}: {key} is {t.dtype}, expected {want.dtype}")
             t = t.to(want.dtype)
+        if t.is_floating_point() and not t.is_meta:
+            if t.isnan().any():
+                raise CheckpointError(f"{path}: {key} holds NaN: the run that wrote it diverged "
+                                      "(load an earlier checkpoint)")
+            if key in parameters and t.isinf().any():
+                raise CheckpointError(f"{path}: {key} holds infinite values: the run that wrote it "
+                                      "diverged (load an earlier checkpoint)")
+            if key.endswith("running_var") and (t < 0).any():
+                raise CheckpointError(f"{path}: {key} holds a negative variance, which no BatchNorm "
+                                      "computes: an edited or damaged file")
         out[key] = t
     return out
 
@@ -215,7 +228,7 @@ def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") ->
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
     _gated(model, ckpt, path)
-    state = _match_dtypes(ckpt["state_dict"], model.state_dict(), path)
+    state = match_dtypes(ckpt["state_dict"], model.state_dict(), path, dict(model.named_parameters()))
     try:
         model.load_state_dict(state, assign=True)
     except (RuntimeError, KeyError, TypeError, AttributeError) as e:
@@ -247,7 +260,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     set_int_attributes(model, ckpt.get("widths"), path)
     thinned(model)
     _gated(model, ckpt, path)
-    state = _match_dtypes(sd, model.state_dict(), path)
+    state = match_dtypes(sd, model.state_dict(), path, dict(model.named_parameters()))
     try:
         model.load_state_dict(state, assign=True)
     except (RuntimeError, KeyError, TypeError, AttributeError) as e:

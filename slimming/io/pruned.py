@@ -18,6 +18,7 @@ from ..models.attention import thinned
 from ..models.external import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
+from .checkpoint import match_dtypes
 
 FORMAT, VERSION = "slimming-pruned", 1
 RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape")  # not fields
@@ -40,6 +41,10 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     if odd:  # load_pruned reads named tensors only: never write a file it would refuse
         raise SlimmingError(f"{type(model).__name__}'s state_dict holds {clip(odd[0])}, which is not a "
                             "tensor (extra state): save_pruned writes tensors only", param="model")
+    try:  # never write a file load_pruned refuses: NaN, a negative variance, ...
+        match_dtypes(state, state, type(model).__name__, dict(model.named_parameters()))
+    except CheckpointError as e:
+        raise SlimmingError(f"save_pruned: {e}", param="model") from None
     if path.is_dir():
         raise SlimmingError(f"{path} is a folder: save_pruned writes a file (give its name)", param="path")
     if any(p.exists() and not p.is_dir() for p in path.parents):
@@ -99,6 +104,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
         thinned(model)
+        state = match_dtypes(state, model.state_dict(), path, dict(model.named_parameters()))
         try:  # an instance built on the meta device takes the file's tensors themselves
             model.load_state_dict(state, strict=True, assign=meta)
         except (RuntimeError, KeyError, TypeError) as e:
