@@ -171,3 +171,27 @@ def test_a_target_out_of_reach_does_not_run_away():
         highest = max(highest, strength)
     assert highest <= 1e-2 / (2 * 0.1) * (1 + 1e-9)
     assert 0.55 <= fraction < 0.8
+
+
+@pytest.mark.parametrize("ignore", [0, "", [""], False, 1.5, ("stem", "nope")])
+def test_sparsity_reads_ignore_as_prune_does(ignore):
+    """Sparsity's ignore= is prune's: what prune refuses (0, '' naming the whole model, a name no
+    module has) Sparsity refuses in the same line, instead of taking 0 or '' for 'nothing'."""
+    model = nn.Sequential()
+    model.add_module("stem", nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    model.add_module("head", nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)))
+    x = torch.zeros(1, 3, 8, 8)
+    with pytest.raises(slimming.SlimmingError) as theirs:
+        slimming.prune(model, percent=0.3, example_inputs=x, ignore=ignore)
+    with pytest.raises(slimming.SlimmingError) as ours:
+        BNSparsity(model, 1e-4, ignore=ignore)
+    assert str(ours.value) == str(theirs.value) and ours.value.params == ("ignore",)
+
+
+@pytest.mark.parametrize("ignore,pushed", [((), 2), (None, 2), ("head", 1), (["stem", "head"], 0),
+                                           (nn.BatchNorm2d, 0), ("head.1", 1)])
+def test_sparsity_skips_what_prune_keeps_whole(ignore, pushed):
+    model = nn.Sequential()
+    model.add_module("stem", nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    model.add_module("head", nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)))
+    assert len(BNSparsity(model, 1e-4, ignore=ignore).params) == pushed

@@ -489,6 +489,9 @@ def ignored_names(model: nn.Module, ignore) -> set[str]:
         if isinstance(entry, type) and issubclass(entry, nn.Module):
             roots |= {n for n, m in names.items() if isinstance(m, entry)}
         elif isinstance(entry, str):
+            if not entry:  # the root's name: every module; more likely a mistake than meant
+                raise SlimmingError("ignore names '', the whole model: name the modules to keep whole",
+                                    param="ignore")
             if entry not in names:
                 raise SlimmingError(f"ignore names {clip(entry)}, which is no module of "
                                     f"{type(model).__name__}", param="ignore")

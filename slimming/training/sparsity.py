@@ -46,8 +46,8 @@ class Sparsity:
     def __init__(self, model: nn.Module, strength: float, ignore=()):
         number(strength, "strength", low=0)  # nan, inf and True would poison every step
         self.strength = strength
-        skip = {id(m) for name, m in model.named_modules() if name in ignored_names(model, ignore)} \
-            if ignore else set()
+        kept = ignored_names(model, ignore)  # as prune reads ignore= (0 and '' refused there too)
+        skip = {id(m) for name, m in model.named_modules() if name in kept}
         self.params = [m.weight for m in prunable_factors(model) if isinstance(m.weight, nn.Parameter)
                        and id(m) not in skip]  # a frozen BatchNorm's buffer is not trained
 
