@@ -486,6 +486,41 @@ def test_a_projection_after_heads_merged_by_a_kept_reshape_still_makes_channels_
         assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
 
 
+class TokensIn(nn.Module):
+    """A network fed tokens (B, N, C_in), as a point-cloud or sequence model is: embedded by a
+    linear layer, then a pre-norm MLP block with a residual."""
+
+    def __init__(self, c: int = 32):
+        super().__init__()
+        self.embed, self.norm0 = nn.Linear(12, c), nn.LayerNorm(c)
+        self.norm1, self.fc1, self.fc2 = nn.LayerNorm(c), nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.norm2, self.head = nn.LayerNorm(c), nn.Linear(c, 5)
+
+    def forward(self, x):
+        x = self.norm0(self.embed(x))
+        x = x + self.fc2(F.gelu(self.fc1(self.norm1(x))))
+        return self.head(self.norm2(x).mean(1))
+
+
+def test_a_token_input_is_not_taken_for_channels():
+    """An input (B, N, C): the first linear layer reads its last dim, not dim 1, and makes
+    channels of its own; before, its output took the tokens' dimension, add_gates found nothing
+    and prune said 'no scaling factor scores any channel' beside three LayerNorms."""
+    torch.manual_seed(0)
+    model = TokensIn().eval()
+    x = torch.randn(2, 16, 12)
+    assert slimming.add_gates(model, x) == ["fc2"]
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, ignore="head", compensate=False)
+    assert result.model.embed.out_features == result.model.norm2.normalized_shape[0]  # tied, followed
+    assert result.model.fc1.out_features < 128
+    probe = torch.randn(3, 16, 12)
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+
+
 # Layout changes and their inverses, each (forward, inverse) on an (N, C, H, W) tensor, as
 # channels-last and token networks write them
 LAYOUTS = {
