@@ -97,4 +97,6 @@ def modes_kept(model: nn.Module):
             for m, k, b, saved in buffers:
                 if m._buffers.get(k) is not b:  # replaced (self.ema = self.ema * 0.9 + ...)
                     m._buffers[k] = b
+                if b.shape != saved.shape:  # resized in place (a QAT observer's first min/max)
+                    b.resize_(saved.shape)
                 b.copy_(saved)
