@@ -35,6 +35,8 @@ def _real_tensor(value, where: str, param: str) -> torch.Tensor:
         raise SlimmingError(f"{where} must be a torch.Tensor, got {type(value).__name__}", param=param)
     if value.dtype == torch.bool or value.is_complex():
         raise SlimmingError(f"{where} must hold real numbers, got dtype {value.dtype}", param=param)
+    if value.is_meta:
+        raise SlimmingError(f"{where} is on the meta device: it holds no values", param=param)
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
         raise SlimmingError(f"{where} holds NaN or inf", param=param)
     return value
@@ -74,14 +76,21 @@ def _images(value, param: str, keys: tuple[str, ...]) -> list[dict]:
             if t.dim() != 1 or len(t) != len(boxes):
                 raise SlimmingError(f"{where}[{key!r}] must have shape ({len(boxes)},), one per box, "
                                     f"got {tuple(t.shape)}", param=param)
-            if key == "labels" and t.is_floating_point() and not bool((t == t.round()).all()):
-                raise SlimmingError(f"{where}['labels'] must be whole numbers (class indices)", param=param)
+            if key == "labels":
+                if t.is_floating_point() and not bool((t == t.round()).all()):
+                    raise SlimmingError(f"{where}['labels'] must be whole numbers (class indices)",
+                                        param=param)
+                if bool((t < 0).any()):  # an int8 -1 once counted as class 255
+                    raise SlimmingError(f"{where}['labels'] holds a negative class index", param=param)
+                t = t.to(torch.int64)
             checked[key] = t.detach().cpu()
         out.append(checked)
     return out
 
 
 def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """In float64: boxes at 1e30 square to 1e60, past float32's range (identical boxes scored 0)."""
+    a, b = a.double(), b.double()
     area_a = (a[:, 2] - a[:, 0]).clamp_min(0) * (a[:, 3] - a[:, 1]).clamp_min(0)
     area_b = (b[:, 2] - b[:, 0]).clamp_min(0) * (b[:, 3] - b[:, 1]).clamp_min(0)
     lt = torch.maximum(a[:, None, :2], b[None, :, :2])
@@ -93,7 +102,9 @@ def _iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(K, M) IoU of boxes ``a`` (K, 4) and ``b`` (M, 4), (x1, y1, x2, y2)."""
     a, b = _boxes(a, "a", "a"), _boxes(b, "b", "b")
-    return _iou(a if a.is_floating_point() else a.float(), b if b.is_floating_point() else b.float())
+    dtype = torch.promote_types(a.dtype, b.dtype) if a.is_floating_point() or b.is_floating_point() \
+        else torch.float32
+    return _iou(a, b).to(dtype)
 
 
 def _check(preds, targets, iou_threshold, interpolation) -> tuple[list[dict], list[dict]]:
@@ -114,27 +125,26 @@ def average_precisions(preds: list[dict], targets: list[dict], iou_threshold: fl
     """{class: AP} for every class with at least one ground-truth box; ``interpolation`` "all"
     (every recall step, Pascal VOC 2010+) or "coco" (101 recall points), see the module's text."""
     preds, targets = _check(preds, targets, iou_threshold, interpolation)
-    classes = sorted({int(c) for t in targets for c in t["labels"].tolist()})
+    gt = _by_class(targets, ("boxes",))
+    found = _by_class(preds, ("boxes", "scores"))
     out = {}
-    for c in classes:
-        gts = [t["boxes"][t["labels"] == c].float() for t in targets]
-        total = sum(len(g) for g in gts)
-        found = []  # (score, image, box)
-        for i, p in enumerate(preds):
-            keep = p["labels"] == c
-            found += [(float(s), i, b) for s, b in zip(p["scores"][keep], p["boxes"][keep].float())]
-        found.sort(key=lambda f: -f[0])  # stable: ties keep image order
-        matched = [torch.zeros(len(g), dtype=torch.bool) for g in gts]
+    for c in sorted(gt):
+        boxes, images = gt[c]["boxes"], gt[c]["image"]
+        gts = {int(i): boxes[images == i] for i in images.unique()}  # this class's boxes per image
+        total = len(boxes)
         hits = []
-        for _, i, box in found:
-            hit = False
-            if len(gts[i]):
-                iou = _iou(box[None], gts[i])[0]
-                iou[matched[i]] = -1
-                best = int(iou.argmax())
-                if iou[best] >= iou_threshold:
-                    matched[i][best] = hit = True
-            hits.append(hit)
+        if c in found:  # by score, highest first; stable: ties keep image order
+            order = torch.sort(found[c]["scores"].double(), descending=True, stable=True).indices
+            matched = {i: torch.zeros(len(g), dtype=torch.bool) for i, g in gts.items()}
+            for box, i in zip(found[c]["boxes"][order], found[c]["image"][order].tolist()):
+                hit = False
+                if i in gts:
+                    iou = _iou(box[None], gts[i])[0]
+                    iou[matched[i]] = -1
+                    best = int(iou.argmax())
+                    if iou[best] >= iou_threshold:
+                        matched[i][best] = hit = True
+                hits.append(hit)
         if not hits:
             out[c] = 0.0
             continue
@@ -151,6 +161,24 @@ def average_precisions(preds: list[dict], targets: list[dict], iou_threshold: fl
             first = torch.searchsorted(recall, points)  # recall is non-decreasing; len(recall): none
             padded = torch.cat([envelope, torch.zeros(1, dtype=torch.float64)])
             out[c] = float(padded[first].sum() / 101)
+    return out
+
+
+def _by_class(images: list[dict], keys: tuple[str, ...]) -> dict[int, dict[str, torch.Tensor]]:
+    """{class: {key: its rows of every image, in image order, "image": which image}}: one sort,
+    not a pass over every image per class (20,000 classes took minutes)."""
+    labels = torch.cat([d["labels"] for d in images]) if images else torch.zeros(0, dtype=torch.int64)
+    if not len(labels):
+        return {}
+    image = torch.cat([torch.full((len(d["labels"]),), i, dtype=torch.int64) for i, d in enumerate(images)])
+    rows = {k: torch.cat([d[k] for d in images]) for k in keys}
+    order = torch.sort(labels, stable=True).indices  # stable: image order within a class
+    classes, counts = torch.unique_consecutive(labels[order], return_counts=True)
+    out, start = {}, 0
+    for c, n in zip(classes.tolist(), counts.tolist()):
+        take = order[start:start + n]
+        out[c] = {"image": image[take], **{k: v[take] for k, v in rows.items()}}
+        start += n
     return out
 
 
