@@ -460,3 +460,24 @@ def test_gates_everywhere_from_the_command_line(tmp_path, capsys):
                  "--save", str(tmp_path / "p"), "--cpu", "--no-eval"]) == 0
     assert "checked: equals the original" in capsys.readouterr().out
     assert not gates(slimming.load_model(tmp_path / "p" / "pruned.pth"))
+
+
+@pytest.mark.parametrize("fmt,suffix", [("torchscript", ".pt"), ("export", ".pt2")])
+def test_a_gated_network_not_yet_pruned_exports_in_every_format(tmp_path, fmt, suffix):
+    """TorchScript cannot script the hooks that apply the gates: export folds them into the
+    layers they feed in a copy (the same outputs), as ONNX and torch.export could run them."""
+    from slimming.tools.export import export_model
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 8, 1), nn.ReLU(), nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    assert slimming.add_gates(model, x, everywhere=True)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, ChannelGate):
+                m.weight.uniform_(0.1, 2.0)
+    before = gated_layers(model)
+    diff = export_model(model, tmp_path / f"m{suffix}", fmt, input_size=(3, 16, 16))
+    assert diff <= 1e-5 and (tmp_path / f"m{suffix}").exists()
+    assert gated_layers(model) == before  # the model itself keeps its gates

@@ -4,6 +4,7 @@ PyTorch model on a random batch; the file is kept only when they agree."""
 
 from __future__ import annotations
 
+import copy
 import io
 import os
 import warnings
@@ -14,6 +15,7 @@ from torch import nn
 
 from ..errors import ExportError, first_line
 from ..measure.stats import DEFAULT_INPUT_SIZE
+from ..models.gates import fold, gated_layers
 from ..utils.devices import full_precision
 from ..utils.files import atomic_path
 
@@ -75,6 +77,9 @@ def export_model(model: nn.Module, out: str | os.PathLike, fmt: str = "export",
     out = Path(out)
     if fmt == "export" and out.suffix != ".pt2":
         raise ExportError(f"{out}: a torch.export program is a .pt2 file; name it e.g. model.pt2")
+    if gated_layers(model) or gated_layers(model, heads=True):  # an unpruned gated network: its
+        model = copy.deepcopy(model)  # gates folded into the layers they feed (the same outputs;
+        fold(model)  # TorchScript cannot script the hooks that apply them)
     x = torch.randn(batch_size, *input_size, device=next(model.parameters()).device)
     with atomic_path(out) as tmp, full_precision():  # TF32 on CUDA would miss onnxruntime's CPU by 1e-3
         expected = model(x)
