@@ -266,3 +266,16 @@ def test_save_pruned_never_writes_a_file_load_pruned_refuses(tmp_path):
     with pytest.raises(SlimmingError) as e:
         save_pruned(Extra(), tmp_path / "x.pth")
     assert e.value.params == ("model",) and not (tmp_path / "x.pth").exists()
+
+
+def test_a_load_refused_after_its_weights_were_copied_leaves_their_values_as_they_were(tmp_path):
+    """The forward that vouches for the widths fails after load_state_dict copied the file's
+    values into the instance's tensors: those values are put back too, not only the tensors."""
+    torch.manual_seed(0)
+    save_pruned(Small(), tmp_path / "a.pth")
+    torch.manual_seed(1)
+    fresh = Small()
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(CheckpointError, match="the loaded widths do not fit"):
+        load_pruned(tmp_path / "a.pth", fresh, torch.zeros(1, 5, 8, 8))  # an input it refuses
+    assert [k for k, v in fresh.state_dict().items() if not torch.equal(v, before[k])] == []

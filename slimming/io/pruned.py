@@ -100,7 +100,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
         raise CheckpointError(f"{path}: its state_dict holds something other than named tensors")
     _check_shapes(model, state, path)
     meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
-    with torch.no_grad(), restored_on_error(model):
+    with torch.no_grad(), restored_on_error(model, values=True):
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
         thinned(model)

@@ -57,15 +57,23 @@ def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: b
 
 
 @contextlib.contextmanager
-def restored_on_error(model: nn.Module):
+def restored_on_error(model: nn.Module, values: bool = False):
     """Every module's tensors (parameters, buffers), integer attributes and class (a
     ``MultiheadAttention`` a load made slimming's) put back as they were if the block raises:
-    a load that fails halfway leaves the caller's instance intact."""
+    a load that fails halfway leaves the caller's instance intact. ``values``: their values too
+    (a copy of each, for a block that copies into them: ``load_state_dict``)."""
     saved = [(m, dict(m._parameters), dict(m._buffers),
               {k: v for k, v in vars(m).items() if type(v) is int}, type(m)) for m in model.modules()]
+    with torch.no_grad():
+        copies = [(t, t.clone()) for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+                  if not t.is_meta] if values else []
     try:
         yield model
     except BaseException:
+        with torch.no_grad():
+            for t, copy in copies:
+                if t.shape == copy.shape:
+                    t.copy_(copy)
         for m, params, buffers, ints, cls in saved:
             m.__class__ = cls
             m._parameters.clear()
