@@ -470,27 +470,71 @@ def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> 
 def _checked(model: nn.Module, result: PruneResult, example, output_transform=None) -> float:
     """``verify.check``, and where the cut set integer widths the forward reads as sizes (the
     sure ones: a reshape's, a split's, a number of heads) at a second input size too
-    (``verify.second_size``: such a width may also be read as a number); where it fails and integer
-    widths were set, once more with them as they were (the forward reads some as fixed sizes,
-    not as the widths they matched), then each module's set again where the check still passes."""
+    (``verify.second_size``: such a width may also be read as a number). Where it fails and
+    other integer widths were set (the forward reads some as fixed sizes, not as the widths they
+    matched), those of the module the check blames (and of modules inside it) are put back while
+    that makes it pass (``_blamed``), else each module's tried in turn (``_settle``): at the
+    example's size (a check of two sizes for each made a TinyViT's prune 7x the peer's); then the
+    whole at both sizes, else with none of them."""
     smaller = second_size(model, example) if any(c.sure for c in result.widths) else None
 
+    def quick() -> float:
+        return check(model, result, example, output_transform=output_transform)
+
     def test() -> float:
-        worst = check(model, result, example, output_transform=output_transform)
-        if smaller is not None:
-            worst = max(worst, check(model, result, smaller, output_transform=output_transform))
-        return worst
+        return max(quick(), check(model, result, smaller, output_transform=output_transform)
+                   if smaller is not None else 0.0)
+    try:
+        return test()
+    except GraphError as e:
+        if not any(not c.sure for c in result.widths):
+            raise
+        error = e
+    widths = list(result.widths)
+    if not _blamed(result, quick, error):
+        _set(result, [c for c in widths if not c.sure], new=False)
+        quick()  # wrong whatever the widths: the GraphError stands
+        _settle(result, quick)
     try:
         return test()
     except GraphError:
-        if not result.widths:
+        if smaller is None:
             raise
-    for change in result.widths:  # the sure ones must follow their channels
-        if not change.sure:
-            setattr(result.model.get_submodule(change.module), change.attr, change.old)
-    test()  # wrong whatever the widths: the GraphError stands
-    _settle(result, test)
+    _set(result, [c for c in widths if not c.sure], new=False)  # none kept: they failed at the second size
+    result.widths = [c for c in widths if c.sure]
     return test()
+
+
+def _set(result: PruneResult, changes, new: bool) -> None:
+    for c in changes:
+        setattr(result.model.get_submodule(c.module), c.attr, c.new if new else c.old)
+
+
+def _blamed(result: PruneResult, test: Callable[[], object], error: GraphError, most: int = 8) -> bool:
+    """Put back the integer widths (not the sure ones) of the module ``error`` names and of the
+    modules inside it, and test again, while the check blames a module with such widths (at
+    most ``most`` times); True once it passes (the widths put back named in one warning), False
+    where the blame names no such module (nothing put back is left so)."""
+    left, back = [c for c in result.widths if not c.sure], []
+    for _ in range(most):
+        at = getattr(error, "module", None)
+        blamed = [c for c in left if at is not None and (c.module == at or c.module.startswith(at + "."))]
+        if not blamed:
+            break
+        _set(result, blamed, new=False)
+        left, back = [c for c in left if c not in blamed], back + blamed
+        try:
+            test()
+        except GraphError as e:
+            error = e
+            continue
+        result.widths = [c for c in result.widths if c not in back]
+        names = ", ".join(f"{c.module}.{c.attr}" if c.module else c.attr for c in back[:6])
+        warnings.warn(f"{len(back)} integer attribute(s) left as they were (the forward reads them as "
+                      f"fixed sizes): {names}", stacklevel=4)
+        return True
+    _set(result, back, new=True)
+    return False
 
 
 def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
