@@ -1049,3 +1049,20 @@ def test_a_forward_that_changes_a_buffer_leaves_the_original_as_it_was(compensat
     assert [k for k in before if not torch.equal(before[k], after[k])] == []
     assert model.ema is ema  # the very tensor, as an optimizer or a hook may hold it
     assert result.model.calls == 0 and torch.equal(result.model.ema, torch.zeros(4))
+
+
+def test_an_ignored_head_keeps_its_integer_attributes_and_is_not_named_for_them():
+    """A YOLO-style head in ignore= holding ``bins = 16`` (as Ultralytics' DFL holds ``c1``) beside
+    a backbone of 16 channels the cut narrows: the head's integers are its own, never set nor
+    named in 'integer attribute(s) left as they were' (a YOLO11 prune listed model.23.dfl)."""
+    torch.manual_seed(0)
+    head = DFLHead()
+    head.p3[0] = cbr(16, 16, 3, 2)
+    model = nn.Sequential(nn.Sequential(cbr(3, 16), cbr(16, 16)), head).eval()
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, percent=0.3, example_inputs=torch.randn(1, 3, 32, 32), ignore="1")
+    assert result.model[0][1][0].out_channels < 16  # the backbone is cut
+    assert result.model[1].bins == 16 and result.model[1].nc == 3
+    assert not [str(w.message) for w in said if "integer attribute" in str(w.message)]

@@ -652,6 +652,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
                             "(network slimming scores channels by their scaling factors)")
     graph = trace(model, example, ignore, keep_whole, follow_sizes, output_transform)
+    kept_whole = ignored_names(model, ignore)  # their integer attributes are theirs too
     everything = graph.groups()
     groups = [g for g in everything if g.prunable]
     if not groups:
@@ -670,7 +671,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         equalize(roots, ranks, blocks)
         plan = surgery.plan(graph, roots)
         new = surgery.cut(model, plan, graph)
-        widths = surgery.update_widths(new, graph, roots)
+        widths = surgery.update_widths(new, graph, roots, skip=kept_whole)
         thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]

@@ -122,8 +122,8 @@ class WidthChange(NamedTuple):
     sure: bool
 
 
-def update_widths(new: nn.Module, graph: ChannelGraph,
-                  group_masks: dict[int, torch.Tensor]) -> list[WidthChange]:
+def update_widths(new: nn.Module, graph: ChannelGraph, group_masks: dict[int, torch.Tensor],
+                  skip: set[str] = frozenset()) -> list[WidthChange]:
     """Integer attributes of ``new``'s modules that held a width the cut changed (a C2f block's
     ``self.c``, timm's ``num_features``), set to the new width where the trace can tell: the
     attribute's value is the width of tensors the module made or split in its own forward (else
@@ -132,14 +132,17 @@ def update_widths(new: nn.Module, graph: ChannelGraph,
     ``sure`` where the value is the ``groups`` of a depthwise
     convolution the module's forward called on those channels (a blur filter's), or a size its
     forward split or reshaped its channels by (an attention's ``key_dim``, ``head_dim``): those
-    must follow them; the others ``prune``'s check vouches for."""
+    must follow them; the others ``prune``'s check vouches for. ``skip``: the modules in
+    ``ignore`` (and inside them), which keep their own widths, integers too."""
     changed, unclear, counts = [], [], {}
     for name, (space, attr) in graph.head_modules.items():  # attention heads cut whole: their number
+        if name in skip:
+            continue
         heads, module = group_masks.get(graph.find(space)), new.get_submodule(name)
         if heads is not None and not bool(heads.all()) and getattr(module, attr, None) == len(heads):
             _change(module, WidthChange(name, attr, len(heads), int(heads.sum()), True), changed)
     for name, module in new.named_modules():
-        if not (type(module).__module__.startswith("torch.") or is_layer(module)):
+        if name not in skip and not (type(module).__module__.startswith("torch.") or is_layer(module)):
             _module_widths(name, module, graph, group_masks, changed, unclear, counts)
     if unclear:
         warnings.warn(f"{len(unclear)} integer attribute(s) held a width the cut changed and were left "
