@@ -279,3 +279,23 @@ def test_a_load_refused_after_its_weights_were_copied_leaves_their_values_as_the
     with pytest.raises(CheckpointError, match="the loaded widths do not fit"):
         load_pruned(tmp_path / "a.pth", fresh, torch.zeros(1, 5, 8, 8))  # an input it refuses
     assert [k for k, v in fresh.state_dict().items() if not torch.equal(v, before[k])] == []
+
+
+@pytest.mark.parametrize("field", [lambda: 1, object(), {"a": [1, object()]}, torch.zeros(2, device="meta")])
+def test_save_pruned_refuses_a_field_load_pruned_could_not_read(tmp_path, field):
+    """A function (unpicklable: a raw AttributeError before) or an object (written, then refused
+    by the weights_only load): one line naming the field, no file."""
+    with pytest.raises(SlimmingError, match="the field note holds") as e:
+        save_pruned(Small(), tmp_path / "x.pth", note=field)
+    assert e.value.params == ("fields",) and not (tmp_path / "x.pth").exists()
+    plain = {"epoch": 3, "acc": [0.5, None], 1: "one", "t": torch.ones(2)}
+    save_pruned(Small(), tmp_path / "y.pth", note=plain)
+    assert load_pruned(tmp_path / "y.pth", Small()) is not None
+
+
+def test_save_pruned_of_a_model_on_the_meta_device_is_one_line(tmp_path):
+    with torch.device("meta"):
+        model = Small()
+    with pytest.raises(SlimmingError, match="meta device") as e:
+        save_pruned(model, tmp_path / "x.pth")
+    assert e.value.params == ("model",) and not (tmp_path / "x.pth").exists()

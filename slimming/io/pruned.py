@@ -36,7 +36,15 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     if taken:
         raise SlimmingError(f"save_pruned: {taken[0]!r} is the file's own field; name yours otherwise",
                             param="fields")
+    odd = [k for k, v in fields.items() if not _plain(v)]
+    if odd:  # what weights_only loads: never write a file load_pruned refuses
+        raise SlimmingError(f"save_pruned: the field {clip(odd[0])} holds {type(fields[odd[0]]).__name__}, "
+                            "not a plain value (numbers, strings, tensors, and lists and dicts of them)",
+                            param="fields")
     state = model.state_dict()
+    if any(v.is_meta for v in state.values() if isinstance(v, torch.Tensor)):
+        raise SlimmingError(f"{type(model).__name__} is on the meta device: it holds no weights to save",
+                            param="model")
     odd = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if odd:  # load_pruned reads named tensors only: never write a file it would refuse
         raise SlimmingError(f"{type(model).__name__}'s state_dict holds {clip(odd[0])}, which is not a "
@@ -53,6 +61,24 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     example = {"example_shape": list(shape)} if _example_shape(shape) else {}
     save_checked({"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
                   "state_dict": state}, path)
+
+
+def _plain(value, depth: int = 0) -> bool:
+    """Whether ``value`` is what ``torch.load(weights_only=True)`` gives back: None, a bool, a
+    number, a string, a tensor (not on the meta device), or a list, tuple or dict (plain keys)
+    of them, at most 32 deep."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return not value.is_meta
+    if depth >= 32:
+        return False
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all((k is None or isinstance(k, (str, int, float))) and _plain(v, depth + 1)
+                   for k, v in value.items())
+    return False
 
 
 def _example_shape(shape) -> bool:
