@@ -485,6 +485,20 @@ def test_a_projection_after_heads_merged_by_a_kept_reshape_still_makes_channels_
     assert len(widths) == 3 and sum(widths.values()) < 16 + 32 + 32  # the residual streams, cut
 
 
+def test_transformer_in_transformer_pixel_tokens_are_cut():
+    """timm's TNT: inner tokens of pixels (B * patches, pixels, inner_dim) and outer tokens of
+    patches, the inner ones flattened into each patch's projection. Refused whole before
+    ('no scaling factor scores any channel'): the linear layers reading what the trace keeps
+    now make channels of their own, and the gated MLP widths are cut."""
+    tnt = pytest.importorskip("timm.models.tnt")
+    torch.manual_seed(0)
+    model = tnt.TNT(img_size=32, patch_size=8, embed_dim=32, inner_dim=8, depth=2, num_heads_inner=2,
+                    num_heads_outer=2, num_classes=5).eval()
+    result = gated_cut(model, torch.zeros(1, 3, 32, 32))
+    hidden = [m.out_features for n, m in result.model.named_modules() if n.endswith("mlp.fc1")]
+    assert len(hidden) == 2 and sum(hidden) < 2 * 128  # the outer MLPs' hidden widths, cut
+
+
 class TokensIn(nn.Module):
     """A network fed tokens (B, N, C_in), as a point-cloud or sequence model is: embedded by a
     linear layer, then a pre-norm MLP block with a residual."""
