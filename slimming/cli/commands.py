@@ -193,6 +193,11 @@ def accuracy_after_cut(args, ckpt: dict, model: nn.Module, data, device: torch.d
     return m
 
 
+def write_eval(folder, m: dict) -> None:
+    """``folder``/eval.json: the accuracy right after the cut, which slimming report reads."""
+    write_text(folder / "eval.json", json.dumps({k: m[k] for k in ("acc", "loss", "count")}))
+
+
 def latency_lines(b: dict) -> str:
     """What a latency budget asked, achieved and cost, in a few lines."""
     asked = f"{b['asked']:g} of {b['full']:.3g} ms ({b['target']:.3g} ms)" if b["kind"] == "fraction" \
@@ -292,11 +297,10 @@ def cmd_prune(args) -> None:
     for note in prune_warnings(model, result, args.min_channels, ask):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
     save_checkpoint(pruned.checkpoint(data=data_of(ckpt), args=plain_args(args, leave_out=DEVICE_FLAGS)), out)
-    evaluated = args.save / "eval.json"  # the accuracy right after the cut, for slimming report
     if measured is not None:
-        write_text(evaluated, json.dumps({k: measured[k] for k in ("acc", "loss", "count")}))
-    elif evaluated.is_file() and not evaluated.is_symlink():
-        evaluated.unlink()  # it was another cut's
+        write_eval(args.save, measured)
+    elif (args.save / "eval.json").is_file() and not (args.save / "eval.json").is_symlink():
+        (args.save / "eval.json").unlink()  # it was another cut's
     print(f"saved {out}")
 
 

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import dataclasses
 import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,8 +30,8 @@ from ..training.config import TrainConfig
 from ..training.distributed import DistInfo, broadcast_flag, distributed_session
 from ..training.runs import check_output, default_data, device_for, native_size, plain, plain_args
 from ..training.train import train
-from ..utils.files import RunLock, write_text
-from .commands import checkpoint_model, cmd_eval, cmd_prune, cmd_report, new_model
+from ..utils.files import RunLock
+from .commands import checkpoint_model, cmd_eval, cmd_prune, cmd_report, new_model, write_eval
 
 
 def on_main(dist: DistInfo, work: Callable[[], None]) -> None:
@@ -85,7 +84,7 @@ def prune_and_evaluate(ns: argparse.Namespace, heading: str = "") -> None:
         cmd_prune(ns)
     if not evaluated.exists():
         m = cmd_eval(argparse.Namespace(**{**vars(ns), "checkpoint": pruned}))
-        write_text(evaluated, json.dumps({"acc": m["acc"], "loss": m["loss"], "count": m["count"]}))
+        write_eval(ns.save, m)
 
 
 def run_pipeline(args: argparse.Namespace) -> None:

@@ -184,10 +184,8 @@ def strip_prefix(state_dict: dict, prefix: str = "module.") -> dict:
 
 def match_dtypes(state: dict, expected: dict, path, parameters=()) -> dict:
     """Cast floating tensors saved in another float precision (a ``model.half()`` or float64
-    file) to the network's; refuse any other dtype mismatch (int64 weights), a NaN anywhere, an
-    infinity in a parameter (named in ``parameters``; a buffer may hold a -inf mask) and a
-    negative BatchNorm variance: values no training writes, which would load and compute
-    garbage without a word."""
+    file) to the network's; refuse any other dtype mismatch (int64 weights), and values no
+    training writes (``check_values``)."""
     out = {}
     for key, t in state.items():
         want = expected.get(key)
@@ -195,18 +193,27 @@ def match_dtypes(state: dict, expected: dict, path, parameters=()) -> dict:
             if not (t.is_floating_point() and want.is_floating_point()):
                 raise CheckpointError(f"{path}: {key} is {t.dtype}, expected {want.dtype}")
             t = t.to(want.dtype)
-        if t.is_floating_point() and not t.is_meta:
-            if t.isnan().any():
-                raise CheckpointError(f"{path}: {key} holds NaN: the run that wrote it diverged "
-                                      "(load an earlier checkpoint)")
-            if key in parameters and t.isinf().any():
-                raise CheckpointError(f"{path}: {key} holds infinite values: the run that wrote it "
-                                      "diverged (load an earlier checkpoint)")
-            if key.endswith("running_var") and (t < 0).any():
-                raise CheckpointError(f"{path}: {key} holds a negative variance, which no BatchNorm "
-                                      "computes: an edited or damaged file")
         out[key] = t
+    check_values(out, path, parameters)
     return out
+
+
+def check_values(state: dict, path, parameters=()) -> None:
+    """CheckpointError for values no training writes, which would load and compute garbage
+    without a word: a NaN anywhere, an infinity in a parameter (named in ``parameters``; a
+    buffer may hold a -inf mask), a negative BatchNorm variance."""
+    for key, t in state.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.is_meta:
+            continue
+        if t.isnan().any():
+            raise CheckpointError(f"{path}: {key} holds NaN: the run that wrote it diverged "
+                                  "(load an earlier checkpoint)")
+        if key in parameters and t.isinf().any():
+            raise CheckpointError(f"{path}: {key} holds infinite values: the run that wrote it "
+                                  "diverged (load an earlier checkpoint)")
+        if key.endswith("running_var") and (t < 0).any():
+            raise CheckpointError(f"{path}: {key} holds a negative variance, which no BatchNorm "
+                                  "computes: an edited or damaged file")
 
 
 def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") -> nn.Module:

@@ -18,7 +18,7 @@ from ..models.attention import thinned
 from ..models.external import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
-from .checkpoint import match_dtypes
+from .checkpoint import check_values, match_dtypes
 
 FORMAT, VERSION = "slimming-pruned", 1
 RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape")  # not fields
@@ -50,7 +50,7 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
         raise SlimmingError(f"{type(model).__name__}'s state_dict holds {clip(odd[0])}, which is not a "
                             "tensor (extra state): save_pruned writes tensors only", param="model")
     try:  # never write a file load_pruned refuses: NaN, a negative variance, ...
-        match_dtypes(state, state, type(model).__name__, dict(model.named_parameters()))
+        check_values(state, type(model).__name__, dict(model.named_parameters()))
     except CheckpointError as e:
         raise SlimmingError(f"save_pruned: {e}", param="model") from None
     if path.is_dir():

@@ -510,6 +510,13 @@ def _set(result: PruneResult, changes, new: bool) -> None:
         setattr(result.model.get_submodule(c.module), c.attr, c.new if new else c.old)
 
 
+def _leave(result: PruneResult, left: list[WidthChange], why: str) -> None:
+    """``left`` (put back by the caller) out of ``result.widths``, named in one warning."""
+    result.widths = [c for c in result.widths if c not in left]
+    names = ", ".join(f"{c.module}.{c.attr}" if c.module else c.attr for c in left[:6])
+    warnings.warn(f"{len(left)} integer attribute(s) left as they were ({why}): {names}", stacklevel=5)
+
+
 def _blamed(result: PruneResult, test: Callable[[], object], error: GraphError, most: int = 8) -> bool:
     """Put back the integer widths (not the sure ones) of the module ``error`` names and of the
     modules inside it, and test again, while the check blames a module with such widths (at
@@ -528,10 +535,7 @@ def _blamed(result: PruneResult, test: Callable[[], object], error: GraphError, 
         except GraphError as e:
             error = e
             continue
-        result.widths = [c for c in result.widths if c not in back]
-        names = ", ".join(f"{c.module}.{c.attr}" if c.module else c.attr for c in back[:6])
-        warnings.warn(f"{len(back)} integer attribute(s) left as they were (the forward reads them as "
-                      f"fixed sizes): {names}", stacklevel=4)
+        _leave(result, back, "the forward reads them as fixed sizes")
         return True
     _set(result, back, new=True)
     return False
@@ -547,31 +551,23 @@ def _settle(result: PruneResult, test: Callable[[], object], most: int = 16,
     by_module: dict[str, list] = {}
     for change in result.widths:
         by_module.setdefault(change.module, []).append(change)
-
-    def apply(changes, new: bool) -> None:
-        for c in changes:
-            setattr(result.model.get_submodule(c.module), c.attr, c.new if new else c.old)
-
     kept = [c for c in result.widths if c.sure]  # a depthwise filter's groups, a number of heads
-    apply([c for c in result.widths if not c.sure], False)
+    _set(result, [c for c in result.widths if not c.sure], new=False)
     if keep is not None:
         kept = [c for c in result.widths if keep(c)]
-        apply(kept, True)
+        _set(result, kept, new=True)
         why = "verify=False: only the check vouches for them"
     else:
         for changes in list(by_module.values())[:most]:
             changes = [c for c in changes if not c.sure]
-            apply(changes, True)
+            _set(result, changes, new=True)
             try:
                 test()
                 kept += changes
             except Exception:  # noqa: BLE001 (this module's widths break the forward: back)
-                apply(changes, False)
+                _set(result, changes, new=False)
         why = "the forward reads them as fixed sizes"
-    left = [c for c in result.widths if c not in kept]
-    result.widths = kept
-    names = ", ".join(f"{c.module}.{c.attr}" if c.module else c.attr for c in left[:6])
-    warnings.warn(f"{len(left)} integer attribute(s) left as they were ({why}): {names}", stacklevel=4)
+    _leave(result, [c for c in result.widths if c not in kept], why)
 
 
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -170,9 +170,10 @@ def _stage_checkpoint(folder: Path) -> Path | None:
     return None
 
 
-def _stage_folders(run: Path, arch: str | None) -> dict[str, Path]:
+def _stage_folders(run: Path, arch: str | None, loaded: dict[Path, dict]) -> dict[str, Path]:
     """{stage: folder holding its checkpoint}, in STAGES order: a pipeline's stage folders, or
-    ``run`` itself and the folders its checkpoints name as their sources (module docstring)."""
+    ``run`` itself and the folders its checkpoints name as their sources (module docstring);
+    the checkpoints it read, by path, in ``loaded``."""
     found = {name: run / name for name in STAGES if _stage_checkpoint(run / name) is not None}
     folder, seen = run, set()
     while not found.keys() & {"sparse", "baseline"} and folder not in seen:
@@ -180,7 +181,7 @@ def _stage_folders(run: Path, arch: str | None) -> dict[str, Path]:
         if path is None:
             break
         seen.add(folder)
-        ckpt = load_checkpoint(path, arch=arch)
+        ckpt = loaded[path] = load_checkpoint(path, arch=arch)
         source = ckpt.get("source") if isinstance(ckpt.get("source"), dict) else {}
         args = ckpt.get("args") if isinstance(ckpt.get("args"), dict) else {}
         sparsity = _number(args.get("sparsity")) or _number(args.get("sparsity_target"))
@@ -209,10 +210,11 @@ def build_report(run: str | Path, latency_repeats: int = 10,
     models: dict[str, nn.Module] = {}
     report: dict = {"run": str(run), "stages": stages, "layers": [], "threshold": None,
                     "percent": None, "device": str(device)}
-    folders = _stage_folders(run, arch)
+    loaded: dict[Path, dict] = {}
+    folders = _stage_folders(run, arch, loaded)
     for name, folder in folders.items():
         path = _stage_checkpoint(folder)
-        ckpt = load_checkpoint(path, arch=arch)  # arch: a network of your own code, named
+        ckpt = loaded.get(path) or load_checkpoint(path, arch=arch)  # arch: your own code's network
         model = model_from_checkpoint(ckpt, path).eval()
         models[name] = model
         acc = _number(ckpt.get("best_acc", ckpt.get("acc")))
