@@ -394,11 +394,14 @@ def test_sparsity_trains_the_layernorm_gammas_too():
 
 
 class WidthFromInput(nn.Module):
-    """Attention whose heads' width comes from its input's (torchvision's Swin and MaxViT): cut
-    the channels it reads and its reshape fails."""
+    """Attention whose heads' width comes from its input's (torchvision's MaxViT; timm's Swin-v2,
+    which also holds that width in an attribute it never reads, ``held``): cut the channels it
+    reads and its reshape fails."""
 
-    def __init__(self, dim: int, heads: int):
+    def __init__(self, dim: int, heads: int, held: bool = True):
         super().__init__()
+        if held:
+            self.dim = dim
         self.heads, self.norm, self.qkv, self.proj = heads, nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), \
             nn.Linear(dim, dim)
 
@@ -410,11 +413,11 @@ class WidthFromInput(nn.Module):
 
 
 class ReadsItsWidth(nn.Module):
-    def __init__(self):
+    def __init__(self, held: bool = True):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
                                   nn.Conv2d(16, 24, 4, 4), nn.BatchNorm2d(24))
-        self.attn, self.norm, self.head = WidthFromInput(24, 2), nn.LayerNorm(24), nn.Linear(24, 10)
+        self.attn, self.norm, self.head = WidthFromInput(24, 2, held), nn.LayerNorm(24), nn.Linear(24, 10)
 
     def forward(self, x):
         return self.head(self.norm(self.attn(self.stem(x).flatten(2).transpose(1, 2))).mean(1))
@@ -433,5 +436,21 @@ def test_a_block_whose_cut_fails_the_check_is_kept_whole_and_the_rest_still_cut(
     assert [r.kept for r in result.retries] == ["sizes", "block"]  # heads first, then the block
     assert retry.kept == "block" and retry.modules == ["WidthFromInput"] and retry.failed == "match"
     assert str(retry).startswith("every WidthFromInput is kept whole: cut, the network did not match")
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+
+
+def test_a_block_reshaping_by_a_width_it_does_not_hold_is_kept_from_the_start():
+    """The same attention holding no attribute of that width (EVA's, BEiT's ``reshape(B, N,
+    C)``): the trace sees that the cut cannot set it, and keeps what the retries kept before
+    (what it reads, its heads) in the first cut, with no check refused."""
+    torch.manual_seed(0)
+    model = ReadsItsWidth(held=False).eval()
+    sparsity_shaped(model, 0)
+    x = torch.randn(2, 3, 32, 32)
+    result = slimming.prune(model, percent=0.3, example_inputs=x[:1], compensate=False)
+    assert not result.retries
+    assert result.masks["stem.4"].all() and result.masks["attn.norm"].all()  # what it reads: kept
+    assert not result.masks["stem.1"].all()
     with torch.no_grad():
         assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4

@@ -263,6 +263,22 @@ class PSA(nn.Module):
         return self.fc(self.cv2(torch.cat((a, self.block(b)), 1)))
 
 
+class HeldWidthAttention(Attention):
+    """The same attention holding its width in an attribute it never reads (``self.dim``, as
+    timm's Swin-v2 holds one and still merges its heads to its input's ``C``): the trace cannot
+    tell the two apart, so the cut is tried and the check refuses it."""
+
+    def __init__(self, dim: int, heads: int = 2):
+        super().__init__(dim, heads)
+        self.dim = dim
+
+
+class PSAHeld(PSA):
+    def __init__(self, c1: int = 32):
+        super().__init__(c1)
+        self.block.attn = HeldWidthAttention(self.c)
+
+
 class C2PSA(nn.Module):
     """YOLO11's C2PSA: cv1, split, PSA blocks in sequence on one half, concatenation, cv2."""
 
@@ -660,7 +676,7 @@ class SDPAttention(PixelAttention):
 
 PATTERNS = {m.__name__: m for m in (
     ViewWrite, AliasWrite, HardtanhArgs, DataclassOut, ObjectOut, SetItem, DotData, CustomConv,
-    BlurPool, TrainOnlyAux, PSA, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
+    BlurPool, TrainOnlyAux, PSA, PSAHeld, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
     GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
     TwoInputs, SharedConv, StackLast, InstanceNormed, Tokens, PixelAttention, SDPAttention, GroupNormed)}
 
@@ -673,7 +689,9 @@ MUST_PRUNE = {
     "HardtanhArgs": "hardtanh(0.1, 2.0)", "DataclassOut": "HF-style dataclass outputs",
     "ObjectOut": "plain object outputs", "SetItem": "y[:, 5:] = 1", "DotData": "y.data",
     "CustomConv": "F.conv2d with an own weight", "BlurPool": "timm BlurPool2d",
-    "TrainOnlyAux": "torchvision GoogLeNet / Inception aux", "PSA": "YOLOv10 PSA", "C2PSA": "YOLO11 C2PSA",
+    "TrainOnlyAux": "torchvision GoogLeNet / Inception aux", "PSA": "YOLOv10 PSA",
+    "PSAHeld": "YOLOv10 PSA holding the width it reads off its input (as timm Swin-v2)",
+    "C2PSA": "YOLO11 C2PSA",
     "DFLHead": "YOLOv8 Detect + DFL", "CopyTransform": "torchvision GeneralizedRCNNTransform",
     "SelectiveKernel": "timm SelectiveKernel", "MobileOne": "MobileOne / RepVGG training blocks",
     "GhostV2DFC": "GhostNetV2 DFC attention", "C2fSplit": "YOLOv8 C2f.forward_split",
@@ -843,25 +861,32 @@ def test_attention_heads_tokens_and_kernel_paths_are_cut_not_kept(name, layer, s
 
 def test_cut_heads_false_keeps_heads_and_a_forward_that_fixes_their_width_falls_back():
     """cut_heads=False keeps attention heads whole from the start (one warning says so).
-    YOLOv10's PSA reads its input's width to merge the heads back: cut, the check fails, and
-    the prune keeps the heads (one warning) and stays exact."""
+    YOLOv10's PSA reads its input's width to merge the heads back (``view(B, C, H, W)``, a width
+    it holds in no attribute): its heads and what it reads are kept from the start, exact, with
+    no retry. The same attention holding that width in an attribute it never reads is cut, the
+    check fails, and the prune keeps the heads (one warning) and stays exact."""
     model = build("PixelAttention", 0)
     with pytest.warns(UserWarning, match=r"attention heads.*cut_heads=False"):
         result = slimming.prune(model, percent=0.5, example_inputs=example("PixelAttention"),
                                 compensate=False, cut_heads=False)
     assert "attn.qkv.0" not in result.layers or result.layers["attn.qkv.0"]["out"].all()
-    model = build("PSA", 0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(build("PSA", 0), percent=0.3, example_inputs=example("PSA"), compensate=False)
+    assert not result.retries and not [w for w in said if "did not match" in str(w.message)]
+    assert "block.attn.qkv.0" not in result.layers or result.layers["block.attn.qkv.0"]["out"].all()
+    assert outcome(build("PSA", 0), example("PSA"), 0.3) == "exact"
     with pytest.warns(UserWarning, match=r"the channels of block\.attn.* are kept: cut, the network did not"):
-        assert outcome(model, example("PSA"), 0.3) == "exact"
+        assert outcome(build("PSAHeld", 0), example("PSAHeld"), 0.3) == "exact"
 
 
 @pytest.mark.parametrize("verify", [True, False])
 def test_what_the_check_or_the_run_refused_is_in_the_result(verify):
-    """YOLOv10's PSA: heads cut, refused, cut again with them kept; result.retries says so,
-    with what failed (the check's comparison, or the unchecked run); a cut nothing refused
-    has none."""
+    """YOLOv10's PSA holding the width it reads off its input: heads cut, refused, cut again
+    with them kept; result.retries says so, with what failed (the check's comparison, or the
+    unchecked run); a cut nothing refused has none."""
     with pytest.warns(UserWarning, match="the channels of block.attn"):
-        result = slimming.prune(build("PSA", 0), percent=0.3, example_inputs=example("PSA"),
+        result = slimming.prune(build("PSAHeld", 0), percent=0.3, example_inputs=example("PSAHeld"),
                                 compensate=False, verify=verify)
     (retry,) = result.retries
     assert retry.kept == "sizes" and "block.attn" in retry.modules

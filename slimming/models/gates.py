@@ -81,13 +81,16 @@ def attach(model: nn.Module, layers: dict[str, int] | list[str], heads: bool = F
 
 
 @torch.no_grad()
-def fold(model: nn.Module) -> list[str]:
+def fold(model: nn.Module, only: set[str] | None = None, multiply: bool = True) -> list[str]:
     """Multiply every gate of ``model`` into its reader's input columns and remove it (its
-    hook too), in place; the network computes the same. Returns the readers' names."""
+    hook too), in place; the network computes the same. Returns the readers' names.
+    ``only``: those readers alone; ``multiply=False``: remove without folding, for gates that
+    never ran (a reader its network calls through its weight, ``F.linear(x, self.proj.weight)``,
+    never runs its hooks: the network computed without the gate)."""
     folded = []
     for name, m in list(model.named_modules()):
         gate = getattr(m, ATTR, None)
-        if not isinstance(gate, ChannelGate):
+        if not isinstance(gate, ChannelGate) or (only is not None and name not in only):
             continue
         w = m.weight
         shape = [1] * w.dim()
@@ -95,7 +98,8 @@ def fold(model: nn.Module) -> list[str]:
         scale = gate.weight.detach().to(w.dtype)
         if isinstance(gate, HeadGate):  # each head's weight over its run of the columns
             scale = scale.repeat_interleave(w.shape[1] // scale.numel())
-        w.mul_(scale.view(shape))
+        if multiply:
+            w.mul_(scale.view(shape))
         del m._modules[ATTR]
         for key, hook in list(m._forward_pre_hooks.items()):
             if hook is _apply:

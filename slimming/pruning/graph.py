@@ -208,6 +208,7 @@ class ChannelGraph:
         # "whole": blocks each kept or cut whole (a GroupNorm's groups)
         self.equal: list[tuple[str, list[list[Seg]]]] = []
         self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
+        self.by_weight: list[str] = []  # layers run through their tensors only, never their forward
         self.kept: list[Kept] = []  # ops that kept the channels they read
         self.sized: list[str] = []  # modules where blocks (heads) or splits by attribute sizes were followed
         # (module, size): a width its own forward split or blocked its channels by, followed; an
@@ -225,6 +226,7 @@ class ChannelGraph:
         self.piece_head: dict[int, tuple[int, int]] = {}
         self.heads: dict[int, tuple[int, list[int]]] = {}
         self.merges: dict[str, list[Map]] = {}  # module -> the heads its forward merged (N, L, heads * D)
+        self.headless: list[str] = []  # layers run on what carries no channels (Swin-v2's position-bias MLP)
 
     def __repr__(self) -> str:
         groups = self.groups()
@@ -569,12 +571,17 @@ def pin_shared(graph: ChannelGraph) -> None:
         if len(maps) < 2 or len({_signature(graph, m) for m in maps}) == 1:
             continue
         for m in maps:
-            graph.pin(m, f"{module} is used twice on different channels")
-            for seg in graph.resolve(m).segs:
-                head = graph.piece_head.get(seg.space)
-                if head is not None:
-                    graph.pin(Map([Seg(head[0], 0, graph.sizes[head[0]], False)]),
-                              f"{module} is used twice on different heads")
+            pin_heads(graph, m, f"{module} is used twice on different channels")
+
+
+def pin_heads(graph: ChannelGraph, m: Map, why: str) -> None:
+    """Every channel of ``m`` kept, and every head its channels are part of (heads are cut
+    whole in a space of their own)."""
+    graph.pin(m, why)
+    for seg in (*m.segs, *graph.resolve(m).segs):  # a head's piece, or the heads' channels
+        head = graph.piece_head.get(seg.space) or graph.heads.get(seg.space)
+        if head is not None:
+            graph.pin(Map([Seg(head[0], 0, graph.sizes[head[0]], False)]), why)
 
 
 def _signature(graph: ChannelGraph, m: Map) -> tuple:

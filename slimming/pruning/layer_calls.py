@@ -5,14 +5,22 @@ given one module's tensors, at the rule's ``positions``), one for every module f
 *makes* channels (a convolution, a linear layer) gives them a space of its own; one that
 *carries* them (a BatchNorm, a GroupNorm, a LayerNorm, a depthwise convolution) passes its
 input's on and is cut with them. What does not fit its rule is kept (``Walk.opaque``).
+
+A layer's bias may be made row by row from parameters in its forward (``torch.cat((self.q_bias,
+self.k_bias, self.v_bias))`` in EVA and BEiT, ``self.qkv.bias.clone()`` with the keys' third
+zeroed in torchvision's Swin-v2): ``follow_rows`` keeps which parameter each row is, and those
+parameters are cut with the layer's output channels, row for row (``Walk.scale``).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..models.layers import RULES, is_layer, layer_kind
+from .capture import Call
 from .graph import Map, Seg, Use
 from .ops import Step, Walk, arg, tensors
 
@@ -25,7 +33,9 @@ def layer(w: Walk, s: Step) -> None:
     rule = RULES[kind]
     x_t = s.args[0] if s.args else s.kwargs.get("input")
     x = w.get(x_t)
-    given, name, attrs = owned(w, s, rule.positions)
+    rows = {role: p for role, i in rule.positions if rule.makes.get(role) == 0
+            and id(t := arg(s.args, s.kwargs, i, role)) not in w.owner and (p := rows_of(w, t))}
+    given, name, attrs = owned(w, s, [(role, i) for role, i in rule.positions if role not in rows])
     if not given:  # a norm without tensors (affine=False): the module it runs in, if of its kind
         attrs = {}
         if rule.carries and w.stack and layer_kind(w.modules[w.stack[-1]]) == kind:
@@ -50,7 +60,10 @@ def layer(w: Walk, s: Step) -> None:
             w.g.pin(m, f"{name}: read by a {s.op} as other than its channels")
     ignored = name in w.ignore or w.in_ignored()
     if rule.makes:
-        return _makes(w, s, kind, x_t, x, name, ignored, attrs)
+        own = {role: p[0].attr for role, p in rows.items() if len(p) == 1 and p[0].module == name}
+        attrs.update(own)  # its own bias, cloned (then partly zeroed): cut as its own
+        _makes(w, s, kind, x_t, x, name, ignored, attrs)
+        return _rows_cut(w, w.get(s.out), [p for role, p in rows.items() if role not in own])
     groups = arg(s.args, s.kwargs, 1, "num_groups") if kind == "group_norm" else 1
     if groups > 1:
         w.g.whole_blocks(x, groups)
@@ -62,6 +75,73 @@ def layer(w: Walk, s: Step) -> None:
     bias = given.get("bias")
     moves = rule.shifts or (bias is not None and bool(bias.ne(0).any()))
     w.set(s.out, x.with_gate(True if rule.gated and "weight" in attrs else False if moves else None))
+
+
+class Piece(NamedTuple):
+    """``length`` rows of a 1-D tensor a forward made, each the same row of ``module``'s
+    ``attr`` (both None: rows of a constant, the zeros between a query's and a value's bias)."""
+
+    module: str | None
+    attr: str | None
+    length: int
+
+
+_ROW_COPIES = {"clone", "detach", "contiguous", "to", "float", "half", "bfloat16", "double", "type_as", "cpu",
+               "cuda", "data"}
+_ROW_CONSTANTS = {"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones",
+                  "new_full"}
+_ROW_WRITES = {"zero", "fill", "mul", "add", "sub", "div", "setitem", "clamp", "neg"}  # by a number: per row
+
+
+def rows_of(w: Walk, t) -> tuple[Piece, ...] | None:
+    """The rows of the 1-D tensor ``t``: a module's parameter or buffer, or one the forward
+    made row by row of those and of constants (``follow_rows``); None for anything else."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 1:
+        return None
+    owner = w.owner.get(id(t))
+    if owner is not None:
+        return (Piece(*owner, len(t)),)
+    entry = w.rows.get(id(t))
+    return entry[1] if entry is not None and entry[0] is t else None
+
+
+def follow_rows(w: Walk, op: str, c: Call, writes: bool) -> None:
+    """``Walk.rows`` after one call: a concatenation of rows (``rows_of``), a copy of them, a
+    constant; an in-place write by numbers alone (a slice zeroed) keeps a tensor's rows, one
+    by a tensor (which may hold other rows) forgets them."""
+    args, kwargs, out = c.args, c.kwargs, c.out
+    given = len(tensors(list(args) + list(kwargs.values())))
+    if writes:
+        target = args[0]
+        base = target if id(target) in w.rows else target._base
+        if base is not None and id(base) in w.rows:
+            by = args[2:] if op == "setitem" else args[1:]
+            if op not in _ROW_WRITES or tensors(list(by) + list(kwargs.values())):
+                del w.rows[id(base)]
+        return
+    if not isinstance(out, torch.Tensor) or out.dim() != 1 or id(out) in w.owner:
+        return
+    pieces = None
+    if op == "cat" and args and arg(args, kwargs, 1, "dim", 0) in (0, -1):
+        parts = [rows_of(w, t) for t in args[0]]
+        pieces = tuple(p for part in parts for p in part) if all(parts) else None
+    elif op in _ROW_COPIES and args and given == 1 + (op == "type_as"):
+        pieces = rows_of(w, args[0])
+    elif op in _ROW_CONSTANTS and given <= (op.endswith("_like") or op.startswith("new_")):
+        pieces = (Piece(None, None, len(out)),)
+    if pieces and sum(p.length for p in pieces) == len(out):
+        w.rows[id(out)] = (out, pieces)
+
+
+def _rows_cut(w: Walk, out: Map | None, rows: list[tuple[Piece, ...]]) -> None:
+    """The parameters a layer's tensor was made of row by row (``rows_of``), cut with the
+    output channels ``out`` their rows are; a constant's rows need no cut."""
+    for pieces in rows:
+        start = 0
+        for p in pieces:
+            if p.module is not None and out is not None:
+                w.scale(p.module, p.attr, 0, out.slice(start, start + p.length))
+            start += p.length
 
 
 def _misfit(w: Walk, s: Step, kind: str, x_t: torch.Tensor, x: Map, name: str | None, attrs) -> str:

@@ -184,6 +184,8 @@ class Walk(Protocol):
     follow_sizes: bool
     seen: set[str]  # the layers that ran
     owner: dict[int, tuple[str, str]]  # id of a parameter or buffer -> (module, attribute)
+    rows: dict[int, tuple]  # id of a 1-D tensor made row by row -> (it, its layer_calls.Piece rows)
+    whole_at_leave: dict[str, tuple]  # module -> (why, of which width) the channels it reads are kept
     made: dict[str, tuple[int | None, Map]]  # layer -> (its output space, its first input)
     calls: dict[str, str]  # op name -> the layer kind whose rule is called through it
 

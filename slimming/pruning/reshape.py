@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .graph import Map, Seg
+from .graph import Map, Seg, pin_heads
 from .ops import HEAD_ATTRS, PERMUTE_OPS, Step, Walk, permutation
 
 
@@ -59,6 +59,8 @@ def reshape(w: Walk, s: Step) -> None:
         outer = after[k] // c if c and after[k] % c == 0 else 0
         if outer > 1 and prefix[k] * outer == head and prefix[k] in starts \
                 and math.prod(after[k + 1:]) == inner:
+            if not _width_follows(w, s, k):  # reshape(B, N, C), C read off the input's shape
+                _kept_whole(w, x, f"a {op} to a width the module does not hold ({after[k]})", after[k])
             heads = w.g.heads.get(x.segs[0].space) if len(x.segs) == 1 else None
             if heads is not None and len(heads[1]) == outer == before[d - 1]:  # heads merged, in order
                 s = x.segs[0]
@@ -69,6 +71,33 @@ def reshape(w: Walk, s: Step) -> None:
     # what it gives keeps the layout its input had: channels last (tokens, heads) stay last
     w.opaque(op, f"{_not_followed(after, prefix, head, c)}: {before} to {after}", [x], out,
              len(after) - 1 if d == len(before) - 1 else d)
+
+
+def _width_follows(w: Walk, s: Step, k: int) -> bool:
+    """Whether the size a view or reshape gives its dimension ``k`` (the channels merged with
+    the blocks before them) follows a cut: -1 (computed), or an integer
+    attribute of the module running, which the cut sets (``surgery.update_widths``); not a
+    number read off another tensor's shape (EVA's ``reshape(B, N, C)`` after its heads, ``C`` its input's)."""
+    if s.op not in ("view", "reshape") or not w.stack:
+        return True
+    sizes = s.kwargs.get("shape", s.args[1:])
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = sizes[0]
+    if len(sizes) != s.out.dim() or not isinstance(sizes[k], int) or sizes[k] == -1:
+        return True
+    return sizes[k] in {v for v in vars(w.modules[w.stack[-1]]).values() if type(v) is int}
+
+
+def _kept_whole(w: Walk, x: Map, what: str, size: int) -> None:
+    """A size the cut cannot set, which may be read off the module's input (``C // heads``):
+    ``x``'s channels and heads are kept, and so are the channels the running module reads
+    (``Walk.leave``), as ``keep_whole`` keeps them. Where ``x``'s channels were kept already,
+    only an input of ``size`` channels (``C`` itself) is kept: the size may be a spatial one
+    (``H``, ``W``), which no cut changes."""
+    why = f"{w.where()}: {what}, which the cut cannot set"
+    kept = w.g.pinned_everywhere(x)
+    pin_heads(w.g, x, why)
+    w.whole_at_leave[w.stack[-1]] = (why, size if kept else None)
 
 
 def _not_followed(after: tuple, prefix: list[int], head: int, c: int) -> str:

@@ -61,6 +61,10 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
             if p is not None and p.is_floating_point() and p.shape.count(len(heads)) == 1:
                 m._parameters[key] = nn.Parameter(keep_slices(p, heads, p.shape.index(len(heads))),
                                                   requires_grad=p.requires_grad)
+        for child, layer in m.named_modules(prefix=name):  # a linear layer giving a value per head
+            if isinstance(layer, nn.Linear) and layer.out_features == len(heads) and child not in masks \
+                    and child in graph.headless:  # (Swin-v2's position bias MLP)
+                RULES["linear"].cut(layer, {"out": heads})
     shared = {id(t) for t in (*model.parameters(), *model.buffers())}
     for m in new.modules():  # everything not cut: its own copy, not the original's tensor
         for key, p in list(m._parameters.items()):

@@ -36,8 +36,19 @@ from ..models.layers import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from . import index, ops, reshape
 from .capture import Call, CaptureError, capture
-from .graph import ChannelGraph, GraphError, Kept, Map, Seg, Use, ignored_names, kept_summary, pin_shared
-from .layer_calls import layer, owned, whole_layer
+from .graph import (
+    ChannelGraph,
+    GraphError,
+    Kept,
+    Map,
+    Seg,
+    Use,
+    ignored_names,
+    kept_summary,
+    pin_heads,
+    pin_shared,
+)
+from .layer_calls import follow_rows, layer, owned, whole_layer
 from .ops import (
     CONSTANT_OPS,
     ELEMENTWISE,
@@ -124,7 +135,10 @@ class Walk:
             for attr, t in (*m._parameters.items(), *m._buffers.items()):
                 if t is not None:
                     self.owner.setdefault(id(t), (name, attr))
+        self.whole_at_leave: dict[str, tuple] = {}  # module -> (why, width) its inputs are kept
+        self.rows: dict[int, tuple] = {}  # 1-D tensors made row by row of those (layer_calls.rows_of)
         self.seen: set[str] = set(after.seen) if after else set()
+        self.entered: set[str] = set(after.entered) if after else set()  # modules whose forward ran
         self.made = dict(after.made) if after else {}  # layer -> (its output space, its first input)
         self.input_maps: list[Map | None] = list(after.input_maps) if after else []
         self.calls = _calls()  # op name -> the layer kind whose rule is called through it
@@ -155,6 +169,7 @@ class Walk:
 
     def enter(self, name: str, m: nn.Module, args: tuple) -> None:
         self.stack.append(name)
+        self.entered.add(name)
         if name in self.keep_whole:
             for t in tensors(args):
                 self.pin_tensor(t, f"{name} is in keep_whole")
@@ -169,6 +184,12 @@ class Walk:
             except Exception as e:  # noqa: BLE001 (a layer its rule does not fit: kept, not followed)
                 self.opaque(type(m).__name__, f"a layer its rule does not fit: {first_line(e, 80)}",
                             [x for x in map(self.get, tensors(args)) if x is not None], out)
+        if name in self.whole_at_leave:  # it reshaped by a size the cut cannot set (reshape.py)
+            why, size = self.whole_at_leave[name]
+            for t in tensors(args):
+                x = self.get(t)
+                if x is not None and size in (None, x.channels):
+                    pin_heads(self.g, x, why)
         if name in self.ignore:  # what it makes; not its inputs, where it passes them out as they are
             passed = {id(t) for t in tensors(args)}
             for t in tensors(out):
@@ -204,13 +225,16 @@ class Walk:
             self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", [m for _, m in inputs], out)
         if writes:
             self.written(op, target, before, bool(inputs))
+        follow_rows(self, op, c, writes)
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
         op = OP_ALIASES.get(s.op, s.op)  # an op of your own, followed as the known one it is like
         if not s.inputs:
             if op in self.calls:  # a layer on what carries no channels (an attention map): it ran
-                owned(self, s, RULES[self.calls[op]].positions)
+                name = owned(self, s, RULES[self.calls[op]].positions)[1]
+                if name is not None:
+                    self.g.headless.append(name)
             if isinstance(s.out, torch.Tensor) and s.op != "setitem":
                 self.set(s.out, None)  # a fresh tensor from constants, or one overwritten by them
             return
@@ -230,6 +254,8 @@ class Walk:
     def finish(self) -> None:
         pin_shared(self.g)
         self.g.unseen = self.unseen()
+        self.g.by_weight = [n for n in self.layer_names() if n in self.seen and n not in self.entered
+                            and not isinstance(self.modules.get(n.rpartition(".")[0]), nn.MultiheadAttention)]
         if self.g.unseen:
             names = ", ".join(self.g.unseen[:5]) + (", ..." if len(self.g.unseen) > 5 else "")
             warnings.warn(f"{len(self.g.unseen)} layer(s) did not run on the example input (in eval "
@@ -241,6 +267,7 @@ class Walk:
                           f"exactly): {summary}", stacklevel=3)
         self.maps.clear()
         self.storage.clear()
+        self.rows.clear()
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None

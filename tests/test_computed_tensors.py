@@ -1,0 +1,172 @@
+"""Layers called with tensors their forward computes from parameters (issue 34's fourth class),
+and attentions that reshape by a width read off their input's shape.
+
+A query-key-value projection's bias made in the forward as EVA, BEiT and timm's Swin-v2 make
+it (``torch.cat((self.q_bias, self.k_bias, self.v_bias))``, ``k_bias`` a buffer of zeros), or
+as torchvision's Swin-v2 does (``self.qkv.bias.clone()`` with the keys' third zeroed in place):
+each row of the bias is one row of a parameter, so those parameters are cut row for row with
+the projection's output channels, heads included. A bias whose rows are mixed (flipped, or
+written over by other rows) is not followed: that layer's outputs are kept.
+
+``reshape(B, N, C)`` after the heads with ``C`` read off the input's shape (EVA, BEiT), or
+``reshape(B, N, 3, heads, C // heads)`` (torchvision's Swin): the cut cannot set those sizes, so
+the attention keeps its channels and heads from the start, without a failed check and a retry.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_diff, sparsity_shaped, zeroed
+from torch import nn
+
+import slimming
+
+DIM, HEADS = 32, 4
+
+
+class BiasAttention(nn.Module):
+    """An attention whose projection's bias is computed in the forward, by ``how``: ``cat`` (a
+    query and a value bias around a buffer of zeros), ``clone`` (its own bias, the keys' third
+    zeroed in place), ``flip`` (a cat reversed: rows moved) or ``copied`` (a clone with some
+    rows written over by others). ``from_shape``: heads merged to the width read off the input."""
+
+    def __init__(self, how: str = "cat", from_shape: bool = False):
+        super().__init__()
+        self.how, self.from_shape = how, from_shape
+        self.num_heads, self.head_dim = HEADS, DIM // HEADS
+        if not from_shape:  # EVA and BEiT hold no width of the merged heads
+            self.attn_dim = DIM
+        self.qkv = nn.Linear(DIM, 3 * DIM, bias=how in ("clone", "copied"))
+        if self.qkv.bias is None:
+            self.q_bias = nn.Parameter(torch.randn(DIM))
+            self.register_buffer("k_bias", torch.zeros(DIM))
+            self.v_bias = nn.Parameter(torch.randn(DIM))
+        self.proj = nn.Linear(DIM, DIM)
+
+    def bias(self) -> torch.Tensor:
+        if self.qkv.bias is None:
+            bias = torch.cat((self.q_bias, self.k_bias, self.v_bias))
+            return bias.flip(0) if self.how == "flip" else bias
+        bias = self.qkv.bias.clone()
+        n = bias.numel() // 3
+        bias[n:2 * n].zero_()
+        if self.how == "copied":
+            bias[:4] = self.qkv.bias[-4:]
+        return bias
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = F.linear(x, self.qkv.weight, self.bias())
+        q, k, v = qkv.reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
+        return self.proj(x.reshape(B, N, C if self.from_shape else self.attn_dim))
+
+
+class TokenNet(nn.Module):
+    """Tokens (B, N, 12) embedded, a pre-norm attention and MLP with residuals, a head."""
+
+    def __init__(self, **attention):
+        super().__init__()
+        self.embed, self.norm1, self.norm2 = nn.Linear(12, DIM), nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.attn, self.head = BiasAttention(**attention), nn.Linear(DIM, 5)
+        self.fc1, self.fc2, self.norm3 = nn.Linear(DIM, 2 * DIM), nn.Linear(2 * DIM, DIM), nn.LayerNorm(DIM)
+
+    def forward(self, x):
+        x = self.embed(x)
+        x = x + self.attn(self.norm1(x))
+        x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        return self.head(self.norm3(x).mean(1))
+
+
+def gated_cut(model: nn.Module, x: torch.Tensor, seed: int = 0, off: str | None = None):
+    """Gates, sparsity-shaped factors (the gate ``off`` near zero on its second head), a 30%
+    cut without compensation (checked), and the pruned network against the original with the
+    cut channels zeroed on another input."""
+    slimming.add_gates(model, x)
+    sparsity_shaped(model, seed)
+    if off is not None:
+        with torch.no_grad():
+            model.get_submodule(off).weight[1] = 1e-4
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    probe = torch.randn(3, *x.shape[1:], generator=torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+    return result, [str(w.message) for w in said]
+
+
+@pytest.mark.parametrize("how", ["cat", "clone"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_bias_made_row_by_row_of_parameters_is_cut_with_the_heads(how, seed):
+    """Before, 'a layer whose tensors are not one module's parameters' kept every channel of
+    the projection: no head and no channel of a head was cut."""
+    torch.manual_seed(seed)
+    model = TokenNet(how=how).eval()
+    result, said = gated_cut(model, torch.randn(1, 10, 12), seed, off="attn.proj.slimming_gate")
+    assert not [s for s in said if "not one module's parameters" in s or "did not match" in s]
+    attn = result.model.attn
+    assert attn.num_heads < HEADS and attn.qkv.out_features == 3 * attn.num_heads * attn.head_dim
+    rows = [attn.qkv.bias] if how == "clone" else [attn.q_bias, attn.k_bias, attn.v_bias]
+    assert sum(t.numel() for t in rows) == attn.qkv.out_features
+    assert not result.retries
+
+
+@pytest.mark.parametrize("how", ["flip", "copied"])
+def test_a_bias_whose_rows_are_mixed_keeps_the_projection(how):
+    """Rows moved (a flip) or written over by other rows: a row of the bias is not one row of a
+    parameter, so the projection's outputs are kept, and the rest is still cut exactly."""
+    torch.manual_seed(0)
+    model = TokenNet(how=how).eval()
+    result, said = gated_cut(model, torch.randn(1, 10, 12))
+    assert result.model.attn.qkv.out_features == 3 * DIM and result.model.attn.num_heads == HEADS
+    assert any("not one module's parameters" in s for s in said)
+    assert result.model.fc1.out_features < 2 * DIM  # the MLP is still cut
+
+
+def test_heads_merged_to_a_width_read_off_the_input_are_kept_without_a_retry():
+    """EVA's and BEiT's ``reshape(B, N, C)``, ``C`` the input's: a head cut would give fewer
+    channels than ``C``. Before, the cut was tried, the check refused it and prune retried with
+    the attention kept; now it is kept from the start (the same cut, one check)."""
+    torch.manual_seed(0)
+    model = TokenNet(how="cat", from_shape=True).eval()
+    result, said = gated_cut(model, torch.randn(1, 10, 12))
+    assert not result.retries and not [s for s in said if "did not match" in s]
+    attn = result.model.attn
+    assert attn.qkv.out_features == 3 * DIM and attn.num_heads == HEADS and attn.q_bias.numel() == DIM
+    assert result.model.embed.out_features == DIM  # C is the input's width: the stream is kept too
+
+
+@pytest.mark.parametrize("name", ["eva02_tiny_patch14_224", "beit_base_patch16_224"])
+def test_timm_attentions_with_a_computed_bias_are_cut_in_one_check(name):
+    """timm's EVA-02 and BEiT (a q/v bias cat, the heads merged to the input's width): exact,
+    with no retry (before: every attention's bias kept 'a layer whose tensors are not one
+    module's parameters')."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    options = {"img_size": 56, "num_classes": 5}
+    if name.startswith("beit"):
+        options.update(depth=2, embed_dim=64, num_heads=2)
+    else:
+        options.update(depth=2)
+    model = timm.create_model(name, pretrained=False, **options).eval()
+    result, said = gated_cut(model, torch.randn(1, 3, 56, 56))
+    assert not result.retries
+    assert not [s for s in said if "not one module's parameters" in s or "did not match" in s]
+    assert sum(p.numel() for p in result.model.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+def test_torchvision_swin_reshape_by_the_input_width_is_kept_without_a_retry():
+    """torchvision's Swin splits its heads by ``C // num_heads``, ``C`` the block's input width:
+    its attentions keep their channels from the start (before: a failed check, then every
+    ``ShiftedWindowAttention`` kept whole by the retry)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[1, 1],
+                                               num_heads=[2, 4], window_size=[4, 4], num_classes=5).eval()
+    result, said = gated_cut(model, torch.randn(1, 3, 32, 32))
+    assert not result.retries and not [s for s in said if "did not match" in s]
