@@ -170,3 +170,48 @@ def test_torchvision_swin_reshape_by_the_input_width_is_kept_without_a_retry():
                                                num_heads=[2, 4], window_size=[4, 4], num_classes=5).eval()
     result, said = gated_cut(model, torch.randn(1, 3, 32, 32))
     assert not result.retries and not [s for s in said if "did not match" in s]
+
+
+class LooseKeyBias(BiasAttention):
+    """EVA's and timm Swin-v2's ``k_bias``: a buffer kept out of the state_dict
+    (``persistent=False``), which the cut narrows with the heads."""
+
+    def __init__(self):
+        super().__init__("cat")
+        del self._buffers["k_bias"]
+        self.register_buffer("k_bias", torch.zeros(DIM), persistent=False)
+
+
+class LooseNet(TokenNet):
+    def __init__(self):
+        super().__init__()
+        self.attn = LooseKeyBias()
+
+
+def test_a_narrowed_buffer_outside_the_state_dict_is_saved_and_loaded(tmp_path):
+    """Before, ``save_pruned`` wrote the state_dict alone: the narrowed ``k_bias`` was lost and
+    ``load_pruned`` refused the file ('the loaded widths do not fit each other'). Now buffers
+    outside the state_dict travel in the file, are checked like the weights, and a fresh
+    instance computes what the pruned network does; a forged one is refused in one line."""
+    from slimming.errors import CheckpointError
+    from slimming.utils.safeload import checksum
+
+    torch.manual_seed(0)
+    result, _ = gated_cut(LooseNet().eval(), torch.randn(1, 10, 12), off="attn.proj.slimming_gate")
+    assert result.model.attn.k_bias.numel() < DIM
+    path = tmp_path / "pruned.pth"
+    slimming.save_pruned(result.model, path)
+    loaded = slimming.load_pruned(path, LooseNet())
+    x = torch.randn(2, 10, 12)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), result.model(x))
+    blob = torch.load(path, weights_only=True)
+    forgeries = ({"attn.q_bias": torch.zeros(4)}, {"attn.k_bias": torch.zeros(2 * DIM)}, {"attn.k_bias": 3})
+    for forged in forgeries:
+        bad = {**blob, "buffers": forged}
+        bad["checksum"] = checksum(bad)
+        torch.save(bad, tmp_path / "forged.pth")
+        fresh = LooseNet()
+        with pytest.raises(CheckpointError, match="buffer|wider|named tensors"):
+            slimming.load_pruned(tmp_path / "forged.pth", fresh)
+        assert fresh.attn.k_bias.shape == (DIM,)

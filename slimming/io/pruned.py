@@ -21,7 +21,7 @@ from ..utils.safeload import read_file, save_checked, verify_checksum
 from .checkpoint import check_values, match_dtypes
 
 FORMAT, VERSION = "slimming-pruned", 1
-RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape")  # not fields
+RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape", "buffers")  # not fields
 EXAMPLE = "_slimming_example_shape"  # what prune sets on the network it returns: its example's shape
 
 
@@ -59,8 +59,10 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
         raise SlimmingError(f"{path}: a file stands where its folder would be", param="path")
     shape = getattr(model, EXAMPLE, None)
     example = {"example_shape": list(shape)} if _example_shape(shape) else {}
+    # buffers outside the state_dict (persistent=False: EVA's k_bias) the cut may have narrowed
+    loose = {n: b for n, b in model.named_buffers() if n not in state}
     save_checked({"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
-                  "state_dict": state}, path)
+                  "state_dict": state, **({"buffers": loose} if loose else {})}, path)
 
 
 def _plain(value, depth: int = 0) -> bool:
@@ -125,11 +127,16 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
                                               for k, v in state.items()):
         raise CheckpointError(f"{path}: its state_dict holds something other than named tensors")
     _check_shapes(model, state, path)
+    loose = _loose_buffers(model, blob.get("buffers", {}), path)
     meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
     with torch.no_grad(), restored_on_error(model, values=True):
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
         thinned(model)
+        for name, t in loose.items():  # narrowed by the cut: the file's
+            owner, _, attr = name.rpartition(".")
+            built = model.get_submodule(owner)._buffers[attr]
+            model.get_submodule(owner)._buffers[attr] = t.to(built.dtype).to(built.device)
         state = match_dtypes(state, model.state_dict(), path, dict(model.named_parameters()))
         try:  # an instance built on the meta device takes the file's tensors themselves
             model.load_state_dict(state, strict=True, assign=meta)
@@ -162,6 +169,26 @@ def _runs(model: nn.Module, example_inputs, path) -> None:
         except Exception as e:  # noqa: BLE001 (any failure of the forward is the file's widths)
             raise CheckpointError(f"{path}: the loaded widths do not fit each other: the forward "
                                   f"fails ({first_line(e, 160)})") from None
+
+
+def _loose_buffers(model: nn.Module, buffers, path) -> dict[str, torch.Tensor]:
+    """The file's buffers outside the state_dict (``persistent=False``) whose shape differs from
+    the instance built: each must be such a buffer of the model, of its rank, no dim wider
+    (checked before anything changes). Those of the built shape stay as the code made them."""
+    if not isinstance(buffers, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in buffers.items()):
+        raise CheckpointError(f"{path}: its buffers hold something other than named tensors")
+    own = dict(model.named_buffers())
+    persistent = model.state_dict(keep_vars=True)
+    for key, t in buffers.items():
+        built = own.get(key)
+        if built is None or key in persistent:
+            raise CheckpointError(f"{path}: {clip(key)} is no buffer of {type(model).__name__} kept outside "
+                                  "its state_dict")
+        if t.dim() != built.dim() or any(a > b for a, b in zip(t.shape, built.shape)):
+            raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)[:6]}, wider than the "
+                                  f"{tuple(built.shape)} built: a cut only narrows")
+    return {k: t for k, t in buffers.items() if t.shape != own[k].shape}
 
 
 def _check_shapes(model: nn.Module, state: dict, path) -> None:
