@@ -423,3 +423,44 @@ def test_a_layer_of_your_own_is_known_by_its_call_as_the_built_in_ones_are():
         cuts.append({k: tuple(v.shape) for k, v in result.model.state_dict().items()})
     assert cuts[0] == cuts[1]
     assert (dict(layers.RULES), dict(layers.MODULE_RULES)) == before
+
+
+class ValueBranch(nn.Module):
+    """A branch on the input's values (hostile round 5): ``if x.mean() > 0.3`` the channels are
+    reversed (``y.flip(1)``) before the next layer reads them. The check's normal noise (mean
+    about 0) never takes it; images in [0, 1] (mean about 0.5) always do. ``how``: what the
+    branch does: ``flip`` the channels, or ``scale`` them (a path with nothing to keep)."""
+
+    def __init__(self, how: str = "flip"):
+        super().__init__()
+        self.how = how
+        self.a, self.b, self.fc = cbr(3, 16), cbr(16, 16), nn.Linear(16, 5)
+
+    def forward(self, x):
+        y = self.a(x)
+        if x.mean() > 0.3:
+            y = y.flip(1) if self.how == "flip" else y * 2
+        return self.fc(self.b(y).mean((2, 3)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_branch_on_the_input_values_is_traced_and_checked_on_images_too(seed):
+    """Before, the trace and the check saw only the noise's path: the cut paired ``b``'s
+    columns with ``a``'s channels, and on real images (the flipped path) the pruned network was
+    wrong. Now a forward that reads values of its input is traced and checked on images in
+    [0, 1] too (``result.value_reads`` names where): exact on both kinds of input, the channels
+    the flip reorders kept; a branch that only scales is cut as before."""
+    for how in ("flip", "scale"):
+        torch.manual_seed(seed)
+        model = ValueBranch(how).eval()
+        sparsity_shaped(model, seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = slimming.prune(model, percent=0.5, example_inputs=torch.randn(1, 3, 16, 16),
+                                    compensate=False)
+        assert result.value_reads == [""]  # the model's own forward
+        gen = torch.Generator().manual_seed(seed)
+        for x in (torch.randn(2, 3, 16, 16, generator=gen), torch.rand(2, 3, 16, 16, generator=gen)):
+            assert_exact(model, result, x)
+        assert result.masks["a.1"].all() == (how == "flip")  # what the flip reorders: kept
+        assert not result.masks["b.1"].all()

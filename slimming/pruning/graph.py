@@ -209,6 +209,7 @@ class ChannelGraph:
         self.equal: list[tuple[str, list[list[Seg]]]] = []
         self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
         self.by_weight: list[str] = []  # layers run through their tensors only, never their forward
+        self.value_reads: list[str] = []  # modules whose forward read values computed from the inputs
         self.kept: list[Kept] = []  # ops that kept the channels they read
         self.sized: list[str] = []  # modules where blocks (heads) or splits by attribute sizes were followed
         # (module, size): a width its own forward split or blocked its channels by, followed; an

@@ -45,7 +45,7 @@ from .importance import DEFAULT, Importance, get_importance
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
 from .surgery import WidthChange
 from .trace import as_inputs, trace
-from .verify import check, runs, second_size
+from .verify import check, named, runs, second_size
 
 
 def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -164,6 +164,9 @@ class PruneResult:
     ranked: tuple[int, int] | None = None
     # cuts the check (or the unchecked run) refused, each a Retry: what the next cut kept, and why
     retries: list = field(default_factory=list)
+    # modules whose forward read values computed from the input (``if x.mean() > 0.3``; "" the
+    # model's own): traced and checked on images in [0, 1] too, where the path may differ
+    value_reads: list[str] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.masks:
@@ -479,7 +482,8 @@ def _checked(model: nn.Module, result: PruneResult, example, output_transform=No
     smaller = second_size(model, example) if any(c.sure for c in result.widths) else None
 
     def quick() -> float:
-        return check(model, result, example, output_transform=output_transform)
+        diff = check(model, result, example, output_transform=output_transform)
+        return max(diff, _on_images(model, result, example, output_transform)) if result.value_reads else diff
 
     def test() -> float:
         return max(quick(), check(model, result, smaller, output_transform=output_transform)
@@ -503,6 +507,18 @@ def _checked(model: nn.Module, result: PruneResult, example, output_transform=No
     _set(result, [c for c in widths if not c.sure], new=False)  # none kept: they failed at the second size
     result.widths = [c for c in widths if c.sure]
     return test()
+
+
+def _on_images(model: nn.Module, result: PruneResult, example, output_transform=None) -> float:
+    """The check on images in [0, 1], for a forward that reads values computed from its input
+    (``if x.mean() > 0.3``): the path normal noise takes may not be the one images take."""
+    try:
+        return check(model, result, example, output_transform=output_transform, images=True)
+    except GraphError as e:
+        where = ", ".join(n or "the model's forward" for n in result.value_reads[:3])
+        raise named(GraphError(f"{first_line(e, 200)} (on images in [0, 1], not on noise: {where} reads "
+                               "values of its input, and images take a path noise does not)"),
+                    getattr(e, "module", None) or "the model") from None
 
 
 def _set(result: PruneResult, changes, new: bool) -> None:
@@ -681,7 +697,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
                   sum(int((~roots[graph.find(g.spaces[0])][g.free()]).sum()) for g in groups))
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                            [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths,
-                           ranked=ranked)
+                           ranked=ranked, value_reads=sorted(set(graph.value_reads)))
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
 

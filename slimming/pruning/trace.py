@@ -11,7 +11,9 @@ levels) makes the same channels both times, and its two inputs are cut alike.
 The trace follows the path the example input takes. Layers it did not reach in eval mode are
 looked for once more in a training-mode forward (auxiliary heads that only run in training),
 with every buffer restored after; what neither reached keeps all its channels and is named in
-a warning.
+a warning. A forward that reads values of what its input became into Python (``if x.mean() >
+0.3``) may take another path on other values: it is followed once more on images in [0, 1]
+(``images_like``), in the same graph, so that both paths' channels are followed.
 
 Decided at the end, not at the op: an op whose channels cannot be followed one by one (an
 attention reshape it cannot pair, an RMSNorm over the channels, an op it does not know) keeps
@@ -24,6 +26,7 @@ write through a view or alias of a tensor keeps the channels of every tensor sha
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -103,16 +106,35 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     walk = Walk(model, keep | whole, whole, follow_sizes=follow_sizes, output_transform=output_transform)
     with modes_kept(model), decomposed(model):
         walk.run(inputs, training=False)
-        if walk.unseen():
-            try:
-                second = Walk(model, keep | whole, whole, walk, follow_sizes, output_transform)
-                second.run(tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t
-                                 for t in inputs), training=True)
-                walk = second
-            except GraphError:  # no training forward on this example (a detector needs targets)
-                pass
+        go_on = (keep | whole, whole, follow_sizes, output_transform)
+        if walk.g.value_reads:  # its path depends on the values: images in [0, 1] may take another
+            walk = _continued(walk, *go_on, images_like(inputs), False)
+        if walk.unseen():  # layers that run only in training (auxiliary heads), at a batch of 2
+            twice = tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t for t in inputs)
+            walk = _continued(walk, *go_on, twice, True)
     walk.finish()
     return walk.g
+
+
+def images_like(inputs: tuple) -> tuple:
+    """Each floating input tensor as an image in [0, 1] of its shape (a fixed seed), the other
+    inputs as they are: the second kind of input ``trace`` and ``prune``'s check use where the
+    forward reads values (``if x.mean() > 0.3``), which normal noise may not show."""
+    gen = torch.Generator().manual_seed(1)
+    return tuple(torch.rand(t.shape, generator=gen).to(t.device, t.dtype)
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
+
+
+def _continued(walk: Walk, ignore: set[str], whole: set[str], follow_sizes: bool, output_transform,
+               inputs: tuple, training: bool) -> Walk:
+    """A walk going on with ``walk``'s graph on another forward; ``walk`` itself where that
+    forward does not run (a detector needs targets in training mode)."""
+    try:
+        second = Walk(walk.model, ignore, whole, walk, follow_sizes, output_transform)
+        second.run(inputs, training=training)
+        return second
+    except GraphError:
+        return walk
 
 
 class Walk:
@@ -136,6 +158,7 @@ class Walk:
                 if t is not None:
                     self.owner.setdefault(id(t), (name, attr))
         self.whole_at_leave: dict[str, tuple] = {}  # module -> (why, width) its inputs are kept
+        self.derived: dict[int, weakref.ref] = {}  # untracked tensors computed from the inputs
         self.rows: dict[int, tuple] = {}  # 1-D tensors made row by row of those (layer_calls.rows_of)
         self.seen: set[str] = set(after.seen) if after else set()
         self.entered: set[str] = set(after.entered) if after else set()  # modules whose forward ran
@@ -215,8 +238,11 @@ class Walk:
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         writes = target is not None and in_place(c.func, args, kwargs, out)
         before = self.get(target) if writes else None
-        inputs = [(t, self.get(t)) for t in tensors(list(args) + list(kwargs.values()))]
+        given = tensors(list(args) + list(kwargs.values()))
+        inputs = [(t, self.get(t)) for t in given]
         inputs = [(t, m) for t, m in inputs if m is not None]
+        if inputs or (self.derived and any(_derived(self, t) for t in given)):
+            _from_input(self, c)
         try:
             self.follow(Step(op, c.func, args, kwargs, out, inputs))
         except GraphError:
@@ -268,6 +294,7 @@ class Walk:
         self.maps.clear()
         self.storage.clear()
         self.rows.clear()
+        self.derived.clear()
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -404,6 +431,27 @@ class Walk:
             return None
         self.g.tie(first[1], x, f"{name} is called on channels it cannot pair with its first call's")
         return first[0]
+
+
+# Python reads of a tensor's values: the path the forward takes may depend on them
+_READS = {"__bool__", "__float__", "__int__", "__index__", "item", "tolist", "__complex__"}
+
+
+def _derived(w: Walk, t: torch.Tensor) -> bool:
+    ref = w.derived.get(id(t))
+    return ref is not None and ref() is t
+
+
+def _from_input(w: Walk, c: Call) -> None:
+    """A call on what the model's inputs became: what it gives is computed from them too (held
+    weakly: a mean, a mask), and a Python read of its values (``if x.mean() > 0.3``) is
+    recorded in ``graph.value_reads``: there the forward's path depends on the input's values,
+    which one random input may not show (``trace`` follows a second kind of input too)."""
+    if getattr(c.func, "__name__", "") in _READS:
+        w.g.value_reads.append(w.running())
+    for t in tensors(c.out):
+        if w.get(t) is None:
+            w.derived[id(t)] = weakref.ref(t)
 
 
 def _dispatch() -> dict[str, Handler]:

@@ -28,6 +28,7 @@ from .graph import GraphError
 from .norms import kept_statistics
 from .ops import leaves, picker
 from .repair import probe_like
+from .trace import as_inputs, images_like
 
 TOLERANCE = 1e-3  # largest |pruned - reference| over the reference's largest |value|, per output
 
@@ -76,12 +77,15 @@ def difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 
 @torch.no_grad()
-def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, output_transform=None) -> float:
+def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, output_transform=None,
+          images: bool = False) -> float:
     """The largest relative difference between ``result.model`` and ``original`` with
-    ``result.masks``' cut channels zeroed, on a random input of the example's shape; GraphError
-    (the model left as it was) where it exceeds ``tolerance`` or the pruned network fails.
-    ``output_transform``: what of the model's output is compared (``prune``'s)."""
-    inputs, pick = probe_like(example), picker(output_transform)
+    ``result.masks``' cut channels zeroed, on a random input of the example's shape (normal
+    noise; ``images``: images in [0, 1], ``trace.images_like``); GraphError (the model left as
+    it was) where it exceeds ``tolerance`` or the pruned network fails. ``output_transform``:
+    what of the model's output is compared (``prune``'s)."""
+    inputs = images_like(as_inputs(example)) if images else probe_like(example)
+    pick = picker(output_transform)
     pruned = result.model
     kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}
     with modes_kept(original), modes_kept(pruned), zeroed(original, result.masks):
