@@ -371,12 +371,15 @@ class ChannelGraph:
     def pinned_everywhere(self, m: Map) -> bool:
         """Whether every channel of ``m`` is pinned by now (so no cut can reach it)."""
         m = self.resolve(m)
+        roots = {self.find(s.space) for s in m.segs}
         cover: dict[int, torch.Tensor] = {}
         for seg, _ in self.pins:
             for s in self.resolve(Map([seg])).segs:
                 r = self.find(s.space)
-                got = cover.setdefault(r, torch.zeros(self.sizes[r], dtype=torch.bool))
-                got[s.start:s.start + s.length] = True
+                if r in roots:
+                    if r not in cover:
+                        cover[r] = torch.zeros(self.sizes[r], dtype=torch.bool)
+                    cover[r][s.start:s.start + s.length] = True
         none = torch.zeros(0, dtype=torch.bool)
         return all(bool(cover.get(self.find(s.space), none)[s.start:s.start + s.length].all())
                    and self.find(s.space) in cover for s in m.segs)
