@@ -215,3 +215,37 @@ def test_a_narrowed_buffer_outside_the_state_dict_is_saved_and_loaded(tmp_path):
         with pytest.raises(CheckpointError, match="buffer|wider|named tensors"):
             slimming.load_pruned(tmp_path / "forged.pth", fresh)
         assert fresh.attn.k_bias.shape == (DIM,)
+
+
+class PositionBiasAttention(nn.Module):
+    """timm's Swin-v2 attention in small: a per-head bias made by an MLP run on fixed
+    coordinates (``cpb_mlp``, its last layer one output per head), added to the attention map;
+    widths held (``num_heads``, ``head_dim``, ``attn_dim``)."""
+
+    def __init__(self, tokens: int = 10):
+        super().__init__()
+        self.num_heads, self.head_dim, self.attn_dim = HEADS, DIM // HEADS, DIM
+        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, HEADS))
+        self.register_buffer("coords", torch.randn(tokens * tokens, 2))
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        bias = self.cpb_mlp(self.coords).view(N, N, self.num_heads).permute(2, 0, 1)
+        attn = ((q @ k.transpose(-2, -1)) * self.head_dim ** -0.5 + bias).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, N, self.attn_dim))
+
+
+def test_a_per_head_bias_from_an_mlp_on_fixed_coordinates_is_cut_with_the_heads():
+    """The MLP's last layer gives one value per head; when heads go, its rows go with them
+    (before, the cut left it giving as many values as there were heads, and the network did not
+    run after a head cut)."""
+    torch.manual_seed(0)
+    model = TokenNet()
+    model.attn = PositionBiasAttention()
+    model.eval()
+    result, said = gated_cut(model, torch.randn(1, 10, 12), off="attn.proj.slimming_gate")
+    attn = result.model.attn
+    assert attn.num_heads < HEADS and attn.cpb_mlp[2].out_features == attn.num_heads
+    assert not result.retries and not [s for s in said if "did not match" in s]

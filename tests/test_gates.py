@@ -535,3 +535,36 @@ def test_torchvision_swin_projection_gets_no_gate_and_is_exact():
     probe = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+
+
+class Branch(nn.Module):
+    """A layer the example's path does not reach (``self.other`` off when it is traced), on
+    the input itself (which no cut narrows)."""
+
+    def __init__(self):
+        super().__init__()
+        self.other = False
+        self.fc1, self.norm = nn.Linear(8, 16), nn.LayerNorm(16)
+        self.fc2, self.fc2b = nn.Linear(16, 4), nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc2b(x) if self.other else self.fc2(torch.relu(self.norm(self.fc1(x))))
+
+
+def test_a_gate_on_a_layer_the_example_does_not_reach_is_still_folded():
+    """Only a gate whose layer is called through its weight is dropped unfolded: one on a layer
+    that simply did not run on the example (a branch taken later) is folded, so the branch
+    still computes what it did."""
+    torch.manual_seed(0)
+    model = Branch().eval()
+    slimming.add_gates(model, at=["fc2b"])
+    with torch.no_grad():
+        model.fc2b.slimming_gate.weight.uniform_(0.2, 0.8)
+        model.norm.weight.uniform_(0.1, 1.0)
+    with pytest.warns(UserWarning, match="did not run"):
+        result = slimming.prune(model, percent=0.2, example_inputs=torch.randn(2, 8), compensate=False)
+    assert not hasattr(result.model.fc2b, "slimming_gate") and result.model.fc1.out_features < 16
+    model.other = result.model.other = True
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), model(x)) < 1e-5

@@ -36,7 +36,7 @@ from .. import models
 from ..errors import SlimmingError, first_line, listed, number
 from ..models.attention import thinned
 from ..models.common import BN_STATE
-from ..models.gates import ATTR, fold
+from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
 from ..utils.modules import eager_model, keep_slices, modes_kept
 from . import budget, estimate, repair, speed, surgery
@@ -683,7 +683,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         equalize(roots, ranks, blocks)
         plan = surgery.plan(graph, roots)
         new = surgery.cut(model, plan, graph)
-        fold(new, {n[:-len(ATTR) - 1] for n in graph.unseen if n.endswith(f".{ATTR}")}, multiply=False)
+        fold(new, set(graph.by_weight), multiply=False)  # gates whose layer's hooks never run
         widths = surgery.update_widths(new, graph, roots, skip=kept_whole)
         thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))

@@ -75,9 +75,9 @@ def reshape(w: Walk, s: Step) -> None:
 
 def _width_follows(w: Walk, s: Step, k: int) -> bool:
     """Whether the size a view or reshape gives its dimension ``k`` (the channels merged with
-    the blocks before them) follows a cut: -1 (computed), or an integer
-    attribute of the module running, which the cut sets (``surgery.update_widths``); not a
-    number read off another tensor's shape (EVA's ``reshape(B, N, C)`` after its heads, ``C`` its input's)."""
+    the blocks before them) follows a cut: -1 (computed), or an integer attribute of the module
+    running, which the cut sets (``surgery.update_widths``); not a number read off another
+    tensor's shape (EVA's ``reshape(B, N, C)`` after its heads, ``C`` its input's)."""
     if s.op not in ("view", "reshape") or not w.stack:
         return True
     sizes = s.kwargs.get("shape", s.args[1:])
@@ -89,8 +89,8 @@ def _width_follows(w: Walk, s: Step, k: int) -> bool:
 
 
 def _kept_whole(w: Walk, x: Map, what: str, size: int) -> None:
-    """A size the cut cannot set, which may be read off the module's input (``C // heads``):
-    ``x``'s channels and heads are kept, and so are the channels the running module reads
+    """A size the cut cannot set, which may be read off the module's input (``B, N, C =
+    x.shape``): ``x``'s channels and heads are kept, and so are the channels the running module reads
     (``Walk.leave``), as ``keep_whole`` keeps them. Where ``x``'s channels were kept already,
     only an input of ``size`` channels (``C`` itself) is kept: the size may be a spatial one
     (``H``, ``W``), which no cut changes."""
