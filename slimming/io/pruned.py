@@ -185,10 +185,15 @@ def _loose_buffers(model: nn.Module, buffers, path) -> dict[str, torch.Tensor]:
         if built is None or key in persistent:
             raise CheckpointError(f"{path}: {clip(key)} is no buffer of {type(model).__name__} kept outside "
                                   "its state_dict")
-        if t.dim() != built.dim() or any(a > b for a, b in zip(t.shape, built.shape)):
-            raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)[:6]}, wider than the "
-                                  f"{tuple(built.shape)} built: a cut only narrows")
+        _narrower(key, t, built, path)
     return {k: t for k, t in buffers.items() if t.shape != own[k].shape}
+
+
+def _narrower(key: str, t: torch.Tensor, built: torch.Tensor, path) -> None:
+    """CheckpointError unless the file's ``t`` has ``built``'s rank and no dim wider."""
+    if t.dim() != built.dim() or any(a > b for a, b in zip(t.shape, built.shape)):
+        raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)[:6]}, wider than the "
+                              f"{tuple(built.shape)} built: a cut only narrows")
 
 
 def _check_shapes(model: nn.Module, state: dict, path) -> None:
@@ -202,9 +207,7 @@ def _check_shapes(model: nn.Module, state: dict, path) -> None:
         built = own.get(key)
         if built is None:
             continue  # strict loading names it
-        if t.dim() != built.dim() or any(a > b for a, b in zip(t.shape, built.shape)):
-            raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)[:6]}, wider than the "
-                                  f"{tuple(built.shape)} built: a cut only narrows")
+        _narrower(key, t, built, path)
         if any(a == 0 < b for a, b in zip(t.shape, built.shape)):
             raise CheckpointError(f"{path}: {clip(key)} has shape {tuple(t.shape)}: a layer cut to zero "
                                   "channels")

@@ -105,12 +105,11 @@ def rows_of(w: Walk, t) -> tuple[Piece, ...] | None:
     return entry[1] if entry is not None and entry[0] is t else None
 
 
-def follow_rows(w: Walk, op: str, c: Call, writes: bool) -> None:
-    """``Walk.rows`` after one call: a concatenation of rows (``rows_of``), a copy of them, a
-    constant; an in-place write by numbers alone (a slice zeroed) keeps a tensor's rows, one
-    by a tensor (which may hold other rows) forgets them."""
+def follow_rows(w: Walk, op: str, c: Call, writes: bool, given: int) -> None:
+    """``Walk.rows`` after one call (of ``given`` tensor arguments): a concatenation of rows
+    (``rows_of``), a copy of them, a constant; an in-place write by numbers alone (a slice
+    zeroed) keeps a tensor's rows, one by a tensor (which may hold other rows) forgets them."""
     args, kwargs, out = c.args, c.kwargs, c.out
-    given = len(tensors(list(args) + list(kwargs.values())))
     if writes:
         target = args[0]
         base = target if id(target) in w.rows else target._base

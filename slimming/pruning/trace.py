@@ -251,7 +251,7 @@ class Walk:
             self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", [m for _, m in inputs], out)
         if writes:
             self.written(op, target, before, bool(inputs))
-        follow_rows(self, op, c, writes)
+        follow_rows(self, op, c, writes, len(given))
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
