@@ -9,6 +9,15 @@ so that both see the same machine), e.g. with the older tree's ``slimming/`` on 
 
     python benchmarks/check_cost.py [--nets resnet18 mobilenet_v2 ...] [--threads 2]
     python benchmarks/check_cost.py --table --threads 1    # every network of the network table
+    python benchmarks/check_cost.py --parts [--nets ...]     # what the check and the prune are made of
+
+``--parts``: per network, in milliseconds (medians of 9 interleaved runs): a forward of the
+original and one of the pruned network (the check's floor: it runs both), the same two with
+every module's output fingerprinted (``verify.fingerprints``), the whole check, and the
+unchecked prune's trace and cut (``trace.trace``; ``surgery.cut`` with the rest of the plan's
+build), beside Torch-Pruning's ``BNScalePruner`` on a copy (the network table's route; needs
+``pip install torch-pruning``). What the check costs over its floor, and what no check of two
+forwards can go under, in numbers.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ NETS = {
     "resnet18": ("torchvision", "resnet18"), "resnet50": ("torchvision", "resnet50"),
     "mobilenet_v2": ("torchvision", "mobilenet_v2"), "regnet_y_400mf": ("torchvision", "regnet_y_400mf"),
     "efficientnet_b0": ("timm", "efficientnet_b0"), "convnext_atto": ("timm", "convnext_atto"),
-    "vit_tiny": ("timm", "vit_tiny_patch16_224"),
+    "vit_tiny": ("timm", "vit_tiny_patch16_224"), "mobilenet_v3_small": ("torchvision", "mobilenet_v3_small"),
+    "mnasnet0_5": ("torchvision", "mnasnet0_5"), "lcnet_050": ("timm", "lcnet_050"),
 }
 
 
@@ -67,6 +77,84 @@ def one(name: str) -> str:
     unchecked, checked = (1e3 * statistics.median(c[i] for c in calls) for i in (0, 1))
     check = f"{statistics.median(ratios):.2f} ({q[0]:.2f}-{q[2]:.2f})"
     return f"| {name} | {check} | {unchecked:.0f} | {checked:.0f} |"
+
+
+def parts(name: str) -> str:
+    import copy
+
+    import torch_pruning as tp
+
+    from slimming.pruning import prune as prune_module
+    from slimming.pruning.repair import probe_like
+
+    torch.manual_seed(0)
+    model = build(name).eval()
+    sparsity_shaped(model, seed=0)
+    x = torch.zeros(1, 3, 224, 224)
+    options = dict(percent=0.3, example_inputs=x, compensate=False, importance="bn-mean")
+    spent = {"trace": 0.0, "build": 0.0}
+
+    def timing(fn, key):
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - start
+        return timed
+
+    def theirs():
+        m = copy.deepcopy(model)
+        last = [q for q in m.modules() if isinstance(q, torch.nn.Linear)][-1:]
+        tp.pruner.BNScalePruner(m, x, importance=tp.importance.BNScaleImportance(group_reduction="mean",
+                                                                                  normalizer=None),
+                                global_pruning=True, pruning_ratio=0.3, ignored_layers=last).step()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, verify=False, **options)
+        kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}
+        probe = probe_like(x)
+
+        @torch.no_grad()
+        def printed(net, narrow=None, shapes=None):
+            with verify.fingerprints(net, narrow, shapes) as found:
+                net(*probe)
+            return found
+
+        forward = torch.no_grad()(lambda net: net(*probe))
+        runs = {"original": lambda: forward(model), "pruned": lambda: forward(result.model),
+                "original, fingerprinted": lambda: printed(model, kept, printed(result.model)),
+                "pruned, fingerprinted": lambda: printed(result.model),
+                "check": lambda: verify.check(model, result, x),
+                "unchecked prune": lambda: slimming.prune(model, verify=False, **options),
+                "checked prune": lambda: slimming.prune(model, **options), "Torch-Pruning": theirs}
+        times = {k: [] for k in runs}
+        split = {"trace": [], "build": []}
+        saved = prune_module.trace, prune_module._cut
+        prune_module.trace, prune_module._cut = timing(saved[0], "trace"), timing(saved[1], "build")
+        try:
+            for _ in range(9):
+                for key, fn in runs.items():
+                    spent.update(trace=0.0, build=0.0)
+                    start = time.perf_counter()
+                    fn()
+                    times[key].append(time.perf_counter() - start)
+                    if key == "unchecked prune":  # its trace and cut, in the same run
+                        for part in split:
+                            split[part].append(spent[part])
+        finally:
+            prune_module.trace, prune_module._cut = saved
+    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    ms["original, fingerprinted"] -= ms["pruned, fingerprinted"]  # it ran the pruned one first
+    fwd = ms["original"]
+    floor = ms["original"] + ms["pruned"]
+    trace, cut = (1e3 * statistics.median(split[part]) for part in ("trace", "build"))
+    prints = ms["original, fingerprinted"] + ms["pruned, fingerprinted"] - floor
+    return (f"| {name} | {fwd:.1f} | {ms['pruned']:.1f} | {floor / fwd:.2f} | {prints / fwd:.2f} | "
+            f"{ms['check'] / fwd:.2f} | {trace:.0f} | {cut:.0f} | "
+            f"{ms['unchecked prune']:.0f} | {ms['checked prune']:.0f} | {ms['Torch-Pruning']:.0f} | "
+            f"{ms['checked prune'] / ms['Torch-Pruning']:.2f} | {floor / ms['Torch-Pruning']:.2f} |")
 
 
 def table(threads: int) -> None:
@@ -111,10 +199,19 @@ def main() -> None:
     p.add_argument("--nets", nargs="+", default=list(NETS), choices=NETS)
     p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--table", action="store_true", help="the check alone, on every network of the table")
+    p.add_argument("--parts", action="store_true", help="what the check and the prune are made of")
     args = p.parse_args()
     if args.table:
         return table(args.threads)
     torch.set_num_threads(args.threads)
+    if args.parts:
+        print("| network | forward ms | pruned forward ms | both (forwards) | fingerprints (forwards) | "
+              "check (forwards) | trace ms | cut ms | unchecked ms | checked ms | Torch-Pruning ms | "
+              "checked / TP | both forwards / TP |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for name in args.nets:
+            print(parts(name), flush=True)
+        return
     print("| network | check (forwards, IQR) | prune ms, verify=False | prune ms, checked |")
     print("|---|---|---|---|")
     for name in args.nets:
