@@ -10,6 +10,8 @@ Format (``version`` 1)::
      "head_gates": {layer name: number of heads} (the same, for gates per attention head),
      "widths": {"module.attribute": int} (a pruned torchvision/timm/user network: the
                integer attributes the cut set, such as an attention's num_heads),
+     "baked": [layer names] (of such a network: layers whose forward computed their weight,
+              weight standardisation, made the plain layers they ran: slimming.models.baked),
      "state_dict": {...}, "epoch": completed epochs, "acc": test accuracy (%), "best_acc": ...,
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
@@ -34,6 +36,7 @@ from torch import nn
 from .. import models
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
 from ..models.attention import thinned
+from ..models.baked import baked_layers, rebake
 from ..models.common import ChannelSelect
 from ..models.external import (
     check_forward,
@@ -263,6 +266,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
         model = models.build(arch, cfg=cfg, empty=True, **(ckpt.get("options") or {}))
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
+    rebake(model, ckpt.get("baked"), path)
     resize_like(model, sd, str(path))
     set_int_attributes(model, ckpt.get("widths"), path)
     thinned(model)
@@ -315,6 +319,8 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
                                            ("head_gates", gated_layers(model, heads=True))) if found}
     if is_external(model.arch) and cfg:  # pruned: the integer attributes the cut set (num_heads)
         extra["widths"] = int_attributes(model)
+        if baked_layers(model):
+            extra["baked"] = baked_layers(model)
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
             "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
             **extra, "state_dict": model.state_dict(), **fields}

@@ -15,13 +15,15 @@ from torch import nn
 
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
 from ..models.attention import thinned
+from ..models.baked import baked_layers, rebake
 from ..models.external import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 from .checkpoint import check_values, match_dtypes
 
 FORMAT, VERSION = "slimming-pruned", 1
-RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape", "buffers")  # not fields
+RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape", "buffers",
+            "baked")  # not fields
 EXAMPLE = "_slimming_example_shape"  # what prune sets on the network it returns: its example's shape
 
 
@@ -61,8 +63,10 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     example = {"example_shape": list(shape)} if _example_shape(shape) else {}
     # buffers outside the state_dict (persistent=False: EVA's k_bias) the cut may have narrowed
     loose = {n: b for n, b in model.named_buffers() if n not in state}
+    baked = baked_layers(model)  # layers that computed their weight, now plain (slimming.models.baked)
     save_checked({"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
-                  "state_dict": state, **({"buffers": loose} if loose else {})}, path)
+                  "state_dict": state, **({"buffers": loose} if loose else {}),
+                  **({"baked": baked} if baked else {})}, path)
 
 
 def _plain(value, depth: int = 0) -> bool:
@@ -130,6 +134,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
     loose = _loose_buffers(model, blob.get("buffers", {}), path)
     meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
     with torch.no_grad(), restored_on_error(model, values=True):
+        rebake(model, blob.get("baked"), path)  # the layers the cut baked: plain ones, as saved
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
         thinned(model)

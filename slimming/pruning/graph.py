@@ -227,6 +227,9 @@ class ChannelGraph:
         self.piece_head: dict[int, tuple[int, int]] = {}
         self.heads: dict[int, tuple[int, list[int]]] = {}
         self.merges: dict[str, list[Map]] = {}  # module -> the heads its forward merged (N, L, heads * D)
+        # layer -> the weight its forward computed from its parameters (a standardised one), baked
+        # into the plain layer it ran where the cut touches it (``slimming.models.baked``)
+        self.computed: dict[str, torch.Tensor] = {}
         self.headless: list[str] = []  # layers run on what carries no channels (Swin-v2's position-bias MLP)
 
     def __repr__(self) -> str:

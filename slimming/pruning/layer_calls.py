@@ -6,6 +6,11 @@ given one module's tensors, at the rule's ``positions``), one for every module f
 *carries* them (a BatchNorm, a GroupNorm, a LayerNorm, a depthwise convolution) passes its
 input's on and is cut with them. What does not fit its rule is kept (``Walk.opaque``).
 
+A layer may convolve with a weight its forward computes from its own parameters alone
+(weight standardisation: timm's ``StdConv2d``): ``computed`` takes it as that layer's, the
+weight recorded (``graph.computed``), and the cut bakes it into the plain layer it ran
+(``slimming.models.baked``), where the layer did nothing but (pad and) convolve with it.
+
 A layer's bias may be made row by row from parameters in its forward (``torch.cat((self.q_bias,
 self.k_bias, self.v_bias))`` in EVA and BEiT, ``self.qkv.bias.clone()`` with the keys' third
 zeroed in torchvision's Swin-v2): ``follow_rows`` keeps which parameter each row is, and those
@@ -19,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..models.baked import same_pads
 from ..models.layers import RULES, is_layer, layer_kind
 from .capture import Call
 from .graph import Map, Seg, Use
@@ -36,6 +42,8 @@ def layer(w: Walk, s: Step) -> None:
     rows = {role: p for role, i in rule.positions if rule.makes.get(role) == 0
             and id(t := arg(s.args, s.kwargs, i, role)) not in w.owner and (p := rows_of(w, t))}
     given, name, attrs = owned(w, s, [(role, i) for role, i in rule.positions if role not in rows])
+    if attrs is None and rule.makes:  # a weight it computed (standardised): its own, baked at the cut
+        name, attrs = computed(w, s, kind, given, x_t) or (name, attrs)
     if not given:  # a norm without tensors (affine=False): the module it runs in, if of its kind
         attrs = {}
         if rule.carries and w.stack and layer_kind(w.modules[w.stack[-1]]) == kind:
@@ -75,6 +83,60 @@ def layer(w: Walk, s: Step) -> None:
     bias = given.get("bias")
     moves = rule.shifts or (bias is not None and bool(bias.ne(0).any()))
     w.set(s.out, x.with_gate(True if rule.gated and "weight" in attrs else False if moves else None))
+
+
+def by_params(w: Walk, t) -> bool:
+    """Whether ``t`` was computed from parameters and buffers alone in the forward."""
+    ref = w.by_params.get(id(t))
+    return ref is not None and ref() is t
+
+
+def computed(w: Walk, s: Step, kind: str, given: dict, x_t) -> tuple[str, dict] | None:
+    """(layer, attrs) where the module running (of this call's kind) calls it with a weight of
+    its own weight's shape that its forward computed from parameters alone, on the input it was
+    given (or that input padded as TensorFlow's SAME does, where it says ``same_pad``), its
+    other tensors its own: that weight is recorded (``graph.computed``) and the call followed as
+    the layer's; ``baked_left`` then checks that the layer returned what the call gave."""
+    name = w.stack[-1] if w.stack else None
+    m = w.modules.get(name)
+    weight = given.get("weight")
+    if m is None or layer_kind(m) != kind or not isinstance(getattr(m, "weight", None), nn.Parameter) \
+            or weight is None or not by_params(w, weight) or weight.shape != m.weight.shape:
+        return None
+    others = {role: w.owner.get(id(t)) for role, t in given.items() if role != "weight"}
+    if any(o is None or o[0] != name for o in others.values()):
+        return None
+    if x_t is not w.entry.get(name) and not _same_padded(w, m, name, x_t):
+        return None
+    w.seen.add(name)
+    w.g.computed[name] = weight.detach()
+    w.baking[name] = s.out
+    return name, {"weight": "weight", **{role: o[1] for role, o in others.items()}}
+
+
+def _same_padded(w: Walk, m: nn.Module, name: str, x_t) -> bool:
+    """Whether ``x_t`` is ``m``'s input padded with zeros as TensorFlow's SAME padding does (and
+    ``m`` says so: timm's ``same_pad``), which the baked layer does again (``Conv2dSame``)."""
+    entry, made = w.entry.get(name), w.pads.get(id(x_t))
+    if getattr(m, "same_pad", False) is not True or made is None or made[0] is not x_t \
+            or made[1] is not entry or entry is None or entry.dim() != 4 or made[3] != "constant" \
+            or made[4] not in (None, 0, 0.0):
+        return False
+    (top, bottom), (left, right) = (same_pads(n, k, st, d) for n, k, st, d in
+                                    zip(entry.shape[-2:], m.kernel_size, m.stride, m.dilation))
+    return list(made[2]) == [left, right, top, bottom]
+
+
+def baked_left(w: Walk, name: str, out) -> None:
+    """A layer that convolved with a weight it computed (``computed``) returned: unless what it
+    returned is that call's output (a layer doing more after it), nothing of it is cut."""
+    made = w.baking.pop(name)
+    if out is made:
+        return
+    w.g.computed.pop(name, None)
+    maps = [m for m in map(w.get, (made, w.entry.get(name))) if m is not None]
+    w.keep(type(w.modules[name]).__name__, "a layer computing its weight that does more than convolve "
+           "with it", maps)
 
 
 class Piece(NamedTuple):

@@ -11,6 +11,7 @@ layers in ``slimming.pruning.layer_calls``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -188,6 +189,10 @@ class Walk(Protocol):
     whole_at_leave: dict[str, tuple]  # module -> (why, of which width) the channels it reads are kept
     made: dict[str, tuple[int | None, Map]]  # layer -> (its output space, its first input)
     calls: dict[str, str]  # op name -> the layer kind whose rule is called through it
+    by_params: dict[int, weakref.ref]  # untracked tensors computed from parameters alone
+    entry: dict[str, torch.Tensor | None]  # module -> the first tensor its forward was given
+    pads: dict[int, tuple]  # id of a tensor F.pad made -> (it, what it padded, pad, mode, value)
+    baking: dict[str, torch.Tensor]  # layer convolving with a weight it computed -> that call's output
 
     def get(self, t) -> Map | None:
         """``t``'s channel map (None: untracked)."""
@@ -208,6 +213,9 @@ class Walk(Protocol):
         """The name of the module running ("" for the model's own forward)."""
 
     def pin_tensor(self, t, why: str) -> None: ...
+
+    def keep(self, op: str, what: str, inputs: list[Map]) -> str:
+        """Every channel of ``inputs`` kept because ``op`` reads them as ``what`` (warned)."""
 
     def in_ignored(self) -> bool: ...
 

@@ -167,6 +167,9 @@ class PruneResult:
     # modules whose forward read values computed from the input (``if x.mean() > 0.3``; "" the
     # model's own): traced and checked on images in [0, 1] too, where the path may differ
     value_reads: list[str] = field(default_factory=list)
+    # layers whose forward computed their weight (weight standardisation), baked into the plain
+    # layer they ran because the cut touched them (``slimming.models.baked``): {name: that weight}
+    baked: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.masks:
@@ -697,7 +700,8 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
                   sum(int((~roots[graph.find(g.spaces[0])][g.free()]).sum()) for g in groups))
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                            [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths,
-                           ranked=ranked, value_reads=sorted(set(graph.value_reads)))
+                           ranked=ranked, value_reads=sorted(set(graph.value_reads)),
+                           baked={n: w for n, w in graph.computed.items() if n in plan})
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
 

@@ -81,7 +81,7 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
         if getattr(layer, "groups", 1) != 1:  # a grouped convolution: not folded (yet)
             summary["unfolded"] += int(cut.sum())
             continue
-        shift, same = _missing(layer, seen[name], cut)
+        shift, same = _missing(layer, seen[name], cut, result.baked.get(name))
         if not same:  # what this layer read of the cut channels depends on the input
             summary["unfolded"] += int(cut.sum())
             continue
@@ -135,13 +135,15 @@ def _run(model: nn.Module, x: tuple, pick=None) -> torch.Tensor:
         return _outputs(pick(out) if pick else out)
 
 
-def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def _missing(layer: nn.Module, x: torch.Tensor, cut: torch.Tensor,
+             weight: torch.Tensor | None = None) -> tuple[torch.Tensor, bool]:
     """What ``layer`` received from its ``cut`` input channels, per output channel, averaged
     over the output positions (the constant closest to it: exact for a linear or 1x1 layer,
     and for a padded kxk one wherever the kernel lies inside the image); and whether the
-    other probe images give the same (a constant does not depend on the input)."""
+    other probe images give the same (a constant does not depend on the input). ``weight``:
+    what it convolved with, where its forward computed that (``PruneResult.baked``)."""
     cut = cut.to(x.device)
-    w = layer.weight.detach()
+    w = (layer.weight if weight is None else weight).detach()
     xs = x[:, cut] if isinstance(layer, nn.Conv2d) else x[..., cut]
     if len(xs) > 1 and torch.equal(xs, xs[:1].expand_as(xs)):
         xs = xs[:1]  # every probe gave these inputs alike: one image says what all would

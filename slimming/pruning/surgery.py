@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ..models.baked import bake
 from ..models.layers import RULES, is_layer
 from ..utils.modules import keep_slices
 from .graph import ChannelGraph, GraphError, Map, ScaleSlot, Use, structure_copy
@@ -44,11 +45,14 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
     """A copy of ``model`` with every module in ``masks`` cut to its kept channels by the rule
     of its kind (``slimming.models.layers.RULES``): the very tensors the trace saw it use (a
     buffer used as a convolution's weight too), and its width attributes. The original is left
-    untouched (no tensor is shared between the two)."""
+    untouched (no tensor is shared between the two). A layer whose forward computes its weight
+    (``graph.computed``) is baked into the plain layer it ran first (``slimming.models.baked``)."""
     new = structure_copy(model)
     how = {use.module: use for use in graph.uses if use.kind != "scale"}
     for name, keep in masks.items():
         m = new.get_submodule(name)
+        if name in graph.computed:  # a weight its forward computes (standardised): baked, then cut
+            bake(m, graph.computed[name])
         for key, mask in keep.items():
             if isinstance(key, ScaleSlot):  # a per-channel parameter (layer scale), along its dim
                 RULES["scale"].cut(m, {"channels": mask}, {"weight": key.attr}, key.dim)

@@ -51,7 +51,7 @@ from .graph import (
     pin_heads,
     pin_shared,
 )
-from .layer_calls import follow_rows, layer, owned, whole_layer
+from .layer_calls import baked_left, by_params, follow_rows, layer, owned, whole_layer
 from .ops import (
     CONSTANT_OPS,
     ELEMENTWISE,
@@ -67,6 +67,7 @@ from .ops import (
     ZERO_OPS,
     Handler,
     Step,
+    arg,
     in_place,
     leaves,
     op_name,
@@ -165,6 +166,10 @@ class Walk:
         self.made = dict(after.made) if after else {}  # layer -> (its output space, its first input)
         self.input_maps: list[Map | None] = list(after.input_maps) if after else []
         self.calls = _calls()  # op name -> the layer kind whose rule is called through it
+        self.by_params: dict[int, weakref.ref] = {}  # untracked tensors computed from parameters alone
+        self.entry: dict[str, torch.Tensor | None] = {}  # module -> the first tensor it was given
+        self.pads: dict[int, tuple] = {}  # F.pad's outputs: (it, what it padded, pad, mode, value)
+        self.baking: dict[str, torch.Tensor] = {}  # layer -> its call with a weight it computed
 
     def run(self, inputs: tuple, training: bool) -> None:
         """Follow one forward (``capture``), from the inputs' channels to the outputs'."""
@@ -193,6 +198,7 @@ class Walk:
     def enter(self, name: str, m: nn.Module, args: tuple) -> None:
         self.stack.append(name)
         self.entered.add(name)
+        self.entry[name] = next(iter(tensors(args)), None)
         if name in self.keep_whole:
             for t in tensors(args):
                 self.pin_tensor(t, f"{name} is in keep_whole")
@@ -226,6 +232,8 @@ class Walk:
                     self.g.sides.setdefault((name, side), []).append(m_)
         if isinstance(m, nn.MultiheadAttention):  # torch's own forward (a cross-attention) uses
             self.seen.add(f"{name}.out_proj" if name else "out_proj")  # out_proj without calling it
+        if name in self.baking:
+            baked_left(self, name, out)
         if self.stack and self.stack[-1] == name:
             self.stack.pop()
 
@@ -252,6 +260,7 @@ class Walk:
         if writes:
             self.written(op, target, before, bool(inputs))
         follow_rows(self, op, c, writes, len(given))
+        _from_params(self, op, c, given, writes)
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
@@ -295,6 +304,9 @@ class Walk:
         self.storage.clear()
         self.rows.clear()
         self.derived.clear()
+        self.by_params.clear()
+        self.entry.clear()
+        self.pads.clear()
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -435,6 +447,21 @@ class Walk:
 
 # Python reads of a tensor's values: the path the forward takes may depend on them
 _READS = {"__bool__", "__float__", "__int__", "__index__", "item", "tolist", "__complex__"}
+
+
+def _from_params(w: Walk, op: str, c: Call, given: list[torch.Tensor], writes: bool) -> None:
+    """``Walk.by_params`` after one call: what a call of parameters (and buffers) alone, or of
+    what they became, gives is computed from them alone (a standardised weight); an in-place
+    write by anything else forgets its target. ``Walk.pads``: what ``F.pad`` made, of what."""
+    alone = bool(given) and all(id(t) in w.owner or by_params(w, t) for t in given)
+    if writes and not alone:
+        w.by_params.pop(id(c.args[0]), None)
+    elif alone and not writes:
+        for t in tensors(c.out):
+            w.by_params[id(t)] = weakref.ref(t)
+    if op == "pad" and isinstance(c.out, torch.Tensor) and given:
+        mode, value = arg(c.args, c.kwargs, 2, "mode", "constant"), arg(c.args, c.kwargs, 3, "value", None)
+        w.pads[id(c.out)] = (c.out, given[0], arg(c.args, c.kwargs, 1, "pad"), mode, value)
 
 
 def _derived(w: Walk, t: torch.Tensor) -> bool:

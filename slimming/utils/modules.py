@@ -59,11 +59,13 @@ def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: b
 @contextlib.contextmanager
 def restored_on_error(model: nn.Module, values: bool = False):
     """Every module's tensors (parameters, buffers), integer attributes and class (a
-    ``MultiheadAttention`` a load made slimming's) put back as they were if the block raises:
+    ``MultiheadAttention`` a load made slimming's, a layer it baked, without the mark it left)
+    put back as they were if the block raises:
     a load that fails halfway leaves the caller's instance intact. ``values``: their values too
     (a copy of each, for a block that copies into them: ``load_state_dict``)."""
     saved = [(m, dict(m._parameters), dict(m._buffers),
-              {k: v for k, v in vars(m).items() if type(v) is int}, type(m)) for m in model.modules()]
+              {k: v for k, v in vars(m).items() if type(v) is int}, type(m), set(vars(m)))
+             for m in model.modules()]
     with torch.no_grad():
         copies = [(t, t.clone()) for t in {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
                   if not t.is_meta] if values else []
@@ -74,8 +76,10 @@ def restored_on_error(model: nn.Module, values: bool = False):
             for t, copy in copies:
                 if t.shape == copy.shape:
                     t.copy_(copy)
-        for m, params, buffers, ints, cls in saved:
+        for m, params, buffers, ints, cls, keys in saved:
             m.__class__ = cls
+            for key in set(vars(m)) - keys:  # what the block added (a baked layer's mark)
+                del vars(m)[key]
             m._parameters.clear()
             m._parameters.update(params)
             m._buffers.clear()
