@@ -231,3 +231,35 @@ def test_baked_layers_save_load_and_save_again(tmp_path):
             slimming.load_pruned(tmp_path / "forged.pth", fresh)
         assert not baked_layers(fresh)
         assert all(type(fresh.get_submodule(n)) is StdConv2d for n in blob["baked"])
+
+
+BIT_MODULE = '''
+from functools import partial
+
+from timm.layers import GroupNormAct, StdConv2d
+from timm.models.resnetv2 import ResNetV2
+
+
+def small_bit(num_classes=5):
+    return ResNetV2(layers=[1, 1], channels=(32, 64), num_classes=num_classes, stem_chs=16,
+                    conv_layer=StdConv2d, norm_layer=partial(GroupNormAct, num_groups=8))
+'''
+
+
+def test_a_checkpoint_of_a_baked_network_rebuilds_it(tmp_path, monkeypatch):
+    """The CLI's checkpoints (``checkpoint_dict``) list the baked layers too; ``load_model``
+    rebuilds the network from its builder, bakes them, and computes what the pruned one does."""
+    from slimming import checkpoint_dict, load_model, models, save_checkpoint
+
+    (tmp_path / "my_bits.py").write_text(BIT_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    torch.manual_seed(0)
+    model = models.build("my_bits:small_bit", num_classes=5).eval()
+    result = cut(model, torch.zeros(1, 3, 32, 32))
+    save_checkpoint(checkpoint_dict(result.model), tmp_path / "p.pth")
+    assert sorted(torch.load(tmp_path / "p.pth", weights_only=True)["baked"]) == sorted(result.baked)
+    rebuilt = load_model(tmp_path / "p.pth", arch="my_bits:small_bit")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(rebuilt(x), result.model.eval()(x))
+    assert sorted(baked_layers(rebuilt)) == sorted(result.baked)
