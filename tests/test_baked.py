@@ -139,9 +139,9 @@ class AddsAfter(ConvWS2d):
 
 
 class Detector(nn.Module):
-    def __init__(self, conv=ConvWS2d):
+    def __init__(self, conv=ConvWS2d, first=None):
         super().__init__()
-        self.c1, self.n1 = conv(3, 16, 3, padding=1), nn.GroupNorm(4, 16)
+        self.c1, self.n1 = (first or conv)(3, 16, 3, padding=1), nn.GroupNorm(4, 16)
         self.c2, self.n2 = conv(16, 32, 3, padding=1, bias=True), nn.GroupNorm(8, 32)
         self.c3 = conv(32, 8, 1)
 
@@ -169,6 +169,52 @@ def test_a_computed_weight_in_a_layer_that_does_more_is_not_baked():
     with pytest.raises(GraphError, match="computing its weight that does more than convolve with it"):
         cut(model, torch.zeros(1, 3, 20, 20))
     assert all(type(m) is AddsAfter for m in (model.c1, model.c2, model.c3))
+
+
+class Observed(nn.Conv2d):
+    """A convolution whose weight is scaled by a buffer its forward fills from its input (an
+    observer's statistic): the weight depends on the input, so it is not baked."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register_buffer("seen", torch.ones(()))
+
+    def forward(self, x):
+        self.seen.copy_(x.detach().abs().mean())
+        return F.conv2d(x, self.weight * self.seen, self.bias, self.stride, self.padding)
+
+
+class SizeScaled(nn.Conv2d):
+    """A convolution whose weight is scaled by its input's width, a Python number."""
+
+    def forward(self, x):
+        return F.conv2d(x, self.weight * (x.shape[-1] / 20), self.bias, self.stride, self.padding)
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_weight_computed_from_what_the_input_wrote_into_a_buffer_is_not_baked(verify):
+    """Baked, the first layer's weight would hold the example's statistic for good (zeros: a
+    wrong network that runs, unchecked); the trace knows the buffer holds the input's now and
+    keeps that layer's channels, and the rest is cut exactly."""
+    torch.manual_seed(0)
+    model = Detector(first=Observed).eval()
+    result = cut(model, torch.zeros(1, 3, 20, 20), verify=verify)
+    assert "c1" not in result.baked and set(result.baked) == {"c2", "c3"}
+    assert exact(model, result, (2, 3, 20, 20)) < 1e-5
+
+
+def test_a_weight_computed_from_the_input_size_is_checked_at_another_size():
+    """A weight scaled by the input's width is a function of parameters at one size only: the
+    check runs at a second size where layers were baked, fails there, and the prune keeps them."""
+    torch.manual_seed(0)
+    model = Detector(first=SizeScaled).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sparsity_shaped(model, seed=0)
+        result = slimming.prune(model, percent=0.4, example_inputs=torch.zeros(1, 3, 20, 20),
+                                compensate=False)
+    assert "c1" not in result.baked and result.retries
+    assert exact(model, result, (2, 3, 20, 20), (1, 3, 28, 24)) < 1e-5
 
 
 class Reader(nn.Module):

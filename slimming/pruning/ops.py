@@ -190,6 +190,7 @@ class Walk(Protocol):
     made: dict[str, tuple[int | None, Map]]  # layer -> (its output space, its first input)
     calls: dict[str, str]  # op name -> the layer kind whose rule is called through it
     by_params: dict[int, weakref.ref]  # untracked tensors computed from parameters alone
+    rewritten: set[int]  # parameters or buffers the forward wrote other values into
     entry: dict[str, torch.Tensor | None]  # module -> the first tensor its forward was given
     pads: dict[int, tuple]  # id of a tensor F.pad made -> (it, what it padded, pad, mode, value)
     baking: dict[str, torch.Tensor]  # layer convolving with a weight it computed -> that call's output

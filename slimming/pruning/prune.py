@@ -475,14 +475,16 @@ def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> 
 
 def _checked(model: nn.Module, result: PruneResult, example, output_transform=None) -> float:
     """``verify.check``, and where the cut set integer widths the forward reads as sizes (the
-    sure ones: a reshape's, a split's, a number of heads) at a second input size too
-    (``verify.second_size``: such a width may also be read as a number). Where it fails and
+    sure ones: a reshape's, a split's, a number of heads) or baked a weight a forward computed
+    (``PruneResult.baked``) at a second input size too (``verify.second_size``: such a width may
+    also be read as a number, such a weight computed from the input's size). Where it fails and
     other integer widths were set (the forward reads some as fixed sizes, not as the widths they
     matched), those of the module the check blames (and of modules inside it) are put back while
     that makes it pass (``_blamed``), else each module's tried in turn (``_settle``): at the
     example's size (a check of two sizes for each made a TinyViT's prune 7x the peer's); then the
     whole at both sizes, else with none of them."""
-    smaller = second_size(model, example) if any(c.sure for c in result.widths) else None
+    # a baked weight may also be computed from the input's size (a Python number): another size shows it
+    smaller = second_size(model, example) if any(c.sure for c in result.widths) or result.baked else None
 
     def quick() -> float:
         diff = check(model, result, example, output_transform=output_transform)

@@ -167,6 +167,7 @@ class Walk:
         self.input_maps: list[Map | None] = list(after.input_maps) if after else []
         self.calls = _calls()  # op name -> the layer kind whose rule is called through it
         self.by_params: dict[int, weakref.ref] = {}  # untracked tensors computed from parameters alone
+        self.rewritten: set[int] = set()  # parameters or buffers the forward wrote other values into
         self.entry: dict[str, torch.Tensor | None] = {}  # module -> the first tensor it was given
         self.pads: dict[int, tuple] = {}  # F.pad's outputs: (it, what it padded, pad, mode, value)
         self.baking: dict[str, torch.Tensor] = {}  # layer -> its call with a weight it computed
@@ -305,6 +306,7 @@ class Walk:
         self.rows.clear()
         self.derived.clear()
         self.by_params.clear()
+        self.rewritten.clear()
         self.entry.clear()
         self.pads.clear()
 
@@ -452,10 +454,14 @@ _READS = {"__bool__", "__float__", "__int__", "__index__", "item", "tolist", "__
 def _from_params(w: Walk, op: str, c: Call, given: list[torch.Tensor], writes: bool) -> None:
     """``Walk.by_params`` after one call: what a call of parameters (and buffers) alone, or of
     what they became, gives is computed from them alone (a standardised weight); an in-place
-    write by anything else forgets its target. ``Walk.pads``: what ``F.pad`` made, of what."""
-    alone = bool(given) and all(id(t) in w.owner or by_params(w, t) for t in given)
+    write by anything else forgets its target (a buffer an observer fills from the input is no
+    parameter's any more). ``Walk.pads``: what ``F.pad`` made, of what."""
+    alone = bool(given) and all((id(t) in w.owner and id(t) not in w.rewritten) or by_params(w, t)
+                                for t in given)
     if writes and not alone:
         w.by_params.pop(id(c.args[0]), None)
+        if id(c.args[0]) in w.owner:
+            w.rewritten.add(id(c.args[0]))
     elif alone and not writes:
         for t in tensors(c.out):
             w.by_params[id(t)] = weakref.ref(t)
