@@ -50,12 +50,17 @@ def build(name: str):
     return torchvision.models.get_model(arch, weights=None, num_classes=10)
 
 
-def one(name: str) -> str:
+def prepared(name: str):
+    """The network (seed 0, sparsity-shaped), its zero example and the prune's options."""
     torch.manual_seed(0)
     model = build(name).eval()
     sparsity_shaped(model, seed=0)
     x = torch.zeros(1, 3, 224, 224)
-    options = dict(percent=0.3, example_inputs=x, compensate=False, importance="bn-mean")
+    return model, x, dict(percent=0.3, example_inputs=x, compensate=False, importance="bn-mean")
+
+
+def one(name: str) -> str:
+    model, x, options = prepared(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = slimming.prune(model, verify=False, **options)
@@ -87,11 +92,7 @@ def parts(name: str) -> str:
     from slimming.pruning import prune as prune_module
     from slimming.pruning.repair import probe_like
 
-    torch.manual_seed(0)
-    model = build(name).eval()
-    sparsity_shaped(model, seed=0)
-    x = torch.zeros(1, 3, 224, 224)
-    options = dict(percent=0.3, example_inputs=x, compensate=False, importance="bn-mean")
+    model, x, options = prepared(name)
     spent = {"trace": 0.0, "build": 0.0}
 
     def timing(fn, key):

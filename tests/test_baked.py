@@ -16,7 +16,7 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel_diff, sparsity_shaped, zeroed
+from conftest import refiled, rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
@@ -252,7 +252,6 @@ def test_baked_layers_save_load_and_save_again(tmp_path):
     computes what the pruned one does; loaded, it saves the same list again. A file naming a
     layer that is no convolution is refused in one line, the fresh instance left as built."""
     from slimming.errors import CheckpointError
-    from slimming.utils.safeload import checksum
 
     torch.manual_seed(0)
     model = bit()
@@ -269,9 +268,7 @@ def test_baked_layers_save_load_and_save_again(tmp_path):
     slimming.save_pruned(loaded, tmp_path / "again.pth")
     assert sorted(torch.load(tmp_path / "again.pth", weights_only=True)["baked"]) == sorted(blob["baked"])
     for forged in (["stem.conv", "stages.0.blocks.0.norm1"], "stem.conv", [3]):
-        bad = {**blob, "baked": forged}
-        bad["checksum"] = checksum(bad)
-        torch.save(bad, tmp_path / "forged.pth")
+        refiled(blob, tmp_path / "forged.pth", baked=forged)
         fresh = bit()
         with pytest.raises(CheckpointError, match="bakes|baked layers"):
             slimming.load_pruned(tmp_path / "forged.pth", fresh)
