@@ -55,8 +55,8 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
             found = graph.heads_of(use.map) if heads and use.kind in ("linear_in", "conv_in") else None
             if found is not None and getattr(model.get_submodule(use.module), "groups", 1) == 1:
                 per_head[use.module] = found[1]
-    for name in graph.by_weight:  # called through its weight, never its forward: a gate would not run
-        per_head.pop(name, None)
+    for name in (*graph.by_weight, *graph.unbaked):  # called through its weight, never its forward: a
+        per_head.pop(name, None)  # gate would not run; or computing its weight: a gate would not fold
     chosen = []
     for g in graph.groups():
         found = readers.get(graph.find(g.spaces[0]), [])
@@ -69,7 +69,8 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
                        or (getattr(why, "kind", None) == "read_first" and why.module in names)
                        for why in g.reasons)
         if unscored and all(_gateable(model, name, kind, m, g.size, everywhere)
-                            and name not in graph.by_weight for name, kind, m in found):
+                            and name not in graph.by_weight and name not in graph.unbaked
+                            for name, kind, m in found):
             chosen += [name for name in sorted(names) if name not in chosen]
     attach(model, chosen)
     attach(model, {name: n for name, n in per_head.items() if name not in chosen}, heads=True)

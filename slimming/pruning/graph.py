@@ -230,6 +230,7 @@ class ChannelGraph:
         # layer -> the weight its forward computed from its parameters (a standardised one), baked
         # into the plain layer it ran where the cut touches it (``slimming.models.baked``)
         self.computed: dict[str, torch.Tensor] = {}
+        self.unbaked: list[str] = []  # layers computing their weight that do more: a gate cannot fold there
         self.headless: list[str] = []  # layers run on what carries no channels (Swin-v2's position-bias MLP)
 
     def __repr__(self) -> str:

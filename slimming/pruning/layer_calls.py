@@ -134,6 +134,7 @@ def baked_left(w: Walk, name: str, out) -> None:
     if out is made:
         return
     w.g.computed.pop(name, None)
+    w.g.unbaked.append(name)
     maps = [m for m in map(w.get, (made, w.entry.get(name))) if m is not None]
     w.keep(type(w.modules[name]).__name__, "a layer computing its weight that does more than convolve "
            "with it", maps)

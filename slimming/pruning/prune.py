@@ -35,7 +35,9 @@ from torch import nn
 from .. import models
 from ..errors import SlimmingError, first_line, listed, number
 from ..models.attention import thinned
+from ..models.baked import baked_layers
 from ..models.common import BN_STATE
+from ..models.gates import ATTR as GATE
 from ..models.gates import fold
 from ..models.layers import ChannelGate, factor_width, is_factor_layer
 from ..utils.modules import eager_model, keep_slices, modes_kept
@@ -669,6 +671,10 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
                             "(network slimming scores channels by their scaling factors)")
     graph = trace(model, example, ignore, keep_whole, follow_sizes, output_transform)
+    stuck = [n for n in graph.unbaked if isinstance(model.get_submodule(n)._modules.get(GATE), ChannelGate)]
+    if stuck:  # folded after the check, the gate would scale columns its layer standardises again
+        raise GraphError(f"{stuck[0]} computes its weight and does more than convolve with it: a gate there "
+                         "cannot be folded in; remove it (add_gates puts none there)")
     kept_whole = ignored_names(model, ignore)  # their integer attributes are theirs too
     everything = graph.groups()
     groups = [g for g in everything if g.prunable]
@@ -703,7 +709,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                            [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths,
                            ranked=ranked, value_reads=sorted(set(graph.value_reads)),
-                           baked={n: w for n, w in graph.computed.items() if n in plan})
+                           baked={n: w for n, w in graph.computed.items() if n in set(baked_layers(new))})
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
 

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from ..models.baked import bake
-from ..models.layers import RULES, is_layer
+from ..models.gates import ATTR as GATE
+from ..models.layers import RULES, ChannelGate, is_layer
 from ..utils.modules import keep_slices
 from .graph import ChannelGraph, GraphError, Map, ScaleSlot, Use, structure_copy
 from .ops import HEAD_ATTRS
@@ -49,10 +50,12 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
     (``graph.computed``) is baked into the plain layer it ran first (``slimming.models.baked``)."""
     new = structure_copy(model)
     how = {use.module: use for use in graph.uses if use.kind != "scale"}
+    for name, weight in graph.computed.items():  # a weight its forward computes (standardised):
+        m = new.get_submodule(name)  # baked where cut, or where a gate folds into it at the end
+        if name in masks or isinstance(m._modules.get(GATE), ChannelGate):
+            bake(m, weight)
     for name, keep in masks.items():
         m = new.get_submodule(name)
-        if name in graph.computed:  # a weight its forward computes (standardised): baked, then cut
-            bake(m, graph.computed[name])
         for key, mask in keep.items():
             if isinstance(key, ScaleSlot):  # a per-channel parameter (layer scale), along its dim
                 RULES["scale"].cut(m, {"channels": mask}, {"weight": key.attr}, key.dim)
