@@ -101,7 +101,8 @@ class NormFree(nn.Module):
         return self.head((x + F.relu(self.conv2(x))).mean((2, 3)))
 
 
-def test_scaled_standardised_convolutions_lose_their_gain_when_baked():
+def gated_norm_free():
+    """``NormFree`` (seed 0) gated everywhere, its gains as training leaves them; its example."""
     torch.manual_seed(0)
     model = NormFree().eval()
     x = torch.zeros(1, 3, 24, 24)
@@ -110,6 +111,11 @@ def test_scaled_standardised_convolutions_lose_their_gain_when_baked():
         for m in model.modules():
             if isinstance(m, ScaledStdConv2d):
                 m.gain.uniform_(0.5, 2.0)  # a trained gain, not its initial ones
+    return model, x
+
+
+def test_scaled_standardised_convolutions_lose_their_gain_when_baked():
+    model, x = gated_norm_free()
     result = cut(model, x)
     baked = baked_layers(result.model)
     assert baked
@@ -314,14 +320,7 @@ def test_a_gate_before_a_standardised_convolution_folds_into_its_baked_weight(pe
     its weight, a column scaled by the gate is standardised again, and the network was wrong
     (0.93 and 0.12 off at 2% and 10%, 'verified' 0.0). Such a layer is baked wherever a gate
     feeds it, cut or not, so the fold is exact."""
-    torch.manual_seed(0)
-    model = NormFree().eval()
-    x = torch.zeros(1, 3, 24, 24)
-    slimming.add_gates(model, x, everywhere=True)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, ScaledStdConv2d):
-                m.gain.uniform_(0.5, 2.0)
+    model, x = gated_norm_free()
     sparsity_shaped(model, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
