@@ -319,8 +319,9 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
                                            ("head_gates", gated_layers(model, heads=True))) if found}
     if is_external(model.arch) and cfg:  # pruned: the integer attributes the cut set (num_heads)
         extra["widths"] = int_attributes(model)
-        if baked_layers(model):
-            extra["baked"] = baked_layers(model)
+        baked = baked_layers(model)
+        if baked:
+            extra["baked"] = baked
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
             "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
             **extra, "state_dict": model.state_dict(), **fields}

@@ -170,7 +170,8 @@ class PruneResult:
     # model's own): traced and checked on images in [0, 1] too, where the path may differ
     value_reads: list[str] = field(default_factory=list)
     # layers whose forward computed their weight (weight standardisation), baked into the plain
-    # layer they ran because the cut touched them (``slimming.models.baked``): {name: that weight}
+    # layer they ran where the cut touched them or a gate folds into them (``slimming.models.baked``):
+    # {name: that weight}
     baked: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -709,7 +710,7 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                            [groups[i].bns[0][0] for i in guarded], layers=layers, widths=widths,
                            ranked=ranked, value_reads=sorted(set(graph.value_reads)),
-                           baked={n: w for n, w in graph.computed.items() if n in set(baked_layers(new))})
+                           baked={n: graph.computed[n] for n in baked_layers(new) if n in graph.computed})
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
 
