@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -32,7 +31,8 @@ from common import guarded, parser, positive_int, sparsity_shaped
 from torch import nn
 
 import slimming
-from slimming.measure.latency import median_spread, time_interleaved
+from slimming.measure import timing
+from slimming.measure.latency import time_interleaved
 from slimming.measure.stats import count_flops
 
 NETS = ("resnet50", "mobilenet_v2", "efficientnet_b0", "convnext_atto", "yolo")
@@ -58,10 +58,12 @@ def build(name: str) -> tuple[nn.Module, dict]:
 
 
 def interleaved(a: nn.Module, b: nn.Module, x: torch.Tensor, repeats: int) -> dict:
-    """Pairs of forwards, a then b: each's median ms and the ratio b/a (median, spread)."""
+    """Pairs of forwards, a then b: each's ms (low quantile) and the ratio b/a with its spread
+    (``slimming.measure.timing``: the median of the pairs' ratios, a 95% bootstrap half-width)."""
     ta, tb = time_interleaved([a, b], (x,), repeats)
-    ratio, spread = median_spread([q / p for p, q in zip(ta, tb)])
-    return {"a_ms": statistics.median(ta), "b_ms": statistics.median(tb), "ratio": ratio, "spread": spread}
+    r = timing.ratio(ta, tb)
+    return {"a_ms": timing.estimate(ta).value, "b_ms": timing.estimate(tb).value, "ratio": r.value,
+            "spread": r.spread}
 
 
 def torch_pruning_at(model: nn.Module, x: torch.Tensor, flops: float, ignore) -> nn.Module | None:
@@ -137,7 +139,7 @@ def runtimes(original: nn.Module, pruned: nn.Module, x: torch.Tensor, repeats: i
                 start = time.perf_counter()
                 s.run(None, {n: feed})
                 times[i].append(time.perf_counter() - start)
-        out["onnxruntime"] = median_spread([b / a for a, b in zip(*times)])[0]
+        out["onnxruntime"] = timing.ratio(*times).value
     except Exception as e:  # noqa: BLE001 (not installed, or an export that fails: said)
         out["onnxruntime"] = f"failed: {str(e).splitlines()[0][:80]}"
     return out

@@ -31,7 +31,8 @@ from torch import nn
 import slimming
 from slimming.errors import SlimmingError
 from slimming.io.checkpoint import load_checkpoint, model_from_checkpoint
-from slimming.measure.latency import median_spread, time_interleaved
+from slimming.measure import timing
+from slimming.measure.latency import time_interleaved
 from slimming.measure.stats import count_flops
 
 NETS = {  # name: (train flags, sparsity epochs, sparsity strength, the classifier)
@@ -43,7 +44,7 @@ NETS = {  # name: (train flags, sparsity epochs, sparsity strength, the classifi
 def ratio(a: nn.Module, b: nn.Module, x: torch.Tensor, repeats: int) -> float:
     """b's latency over a's: the median of interleaved pairs."""
     ta, tb = time_interleaved([a, b], (x,), repeats)
-    return median_spread([q / p for p, q in zip(ta, tb)])[0]
+    return timing.ratio(ta, tb).value
 
 
 def bisect(make, model: nn.Module, x: torch.Tensor, goal: float, lo: float, hi: float, steps: int = 6,

@@ -124,10 +124,10 @@ def test_a_budget_on_a_c2psa_detector_is_met_exactly(budget, attention, seed):
         pytest.fail(f"refused ({type(e).__name__}): {e}")
     else:
         got = result.budget
-        assert got["achieved"] <= got["target"] < got["full"]
+        assert got.achieved <= got.target < got.full
         pruned = result.model
         returned = count_flops(pruned, (3, 64, 64)) if "target_flops" in budget else count_params(pruned)
-        assert got["achieved"] == returned  # measured as it is returned
+        assert got.achieved == returned  # measured as it is returned
         assert result.verified is not None and result.verified < 1e-3
         with torch.no_grad():
             a, b = flat(result.model(batch)), flat(zeroed(model, result.masks)(batch))
@@ -148,7 +148,7 @@ def test_an_unchecked_budget_runs_and_cuts_what_the_checked_one_cuts(budget, att
         results = [slimming.prune(model, ignore="head", example_inputs=x, compensate=False, verify=v,
                                   **budget) for v in (True, False)]
     checked, unchecked = results
-    assert unchecked.verified is None and unchecked.budget["achieved"] == checked.budget["achieved"]
+    assert unchecked.verified is None and unchecked.budget.achieved == checked.budget.achieved
     assert all(torch.equal(checked.masks[k], unchecked.masks[k]) for k in checked.masks)
     with torch.no_grad():
         assert unchecked.model.eval()(torch.randn(2, 3, 64, 64)) is not None
@@ -206,8 +206,8 @@ def test_a_latency_budget_on_a_c2psa_detector_is_exact(attention, asked):
             assert asked == 0.2 and "cannot be met" in str(e) and "\n" not in str(e)
             assert all(torch.equal(before[k], model.state_dict()[k]) for k in before)
             return
-    assert result.budget["fraction"] == pytest.approx(cost(result.model, x) / cost(model, x))
-    assert result.budget["fraction"] <= asked * (1 + TOLERANCE)
+    assert result.budget.ratio == pytest.approx(cost(result.model, x) / cost(model, x))
+    assert result.budget.ratio <= asked * (1 + TOLERANCE)
     assert result.verified is not None and result.verified < 1e-3
     with torch.no_grad():
         a, b = flat(result.model(x)), flat(zeroed(model, result.masks)(x))

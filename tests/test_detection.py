@@ -274,7 +274,7 @@ def test_the_worked_detector_is_pruned_exactly_with_its_head_whole(tmp_path):
     images, targets = det.make_shapes(4, seed=0)
     assert images.shape == (4, 3, det.SIZE, det.SIZE) and all(len(t["boxes"]) >= 1 for t in targets)
     result = slimming.prune(model, target_flops=0.6, ignore="head", compensate=False)
-    assert result.budget["achieved"] <= 0.6 * result.budget["full"]
+    assert result.budget.achieved <= 0.6 * result.budget.full
     with torch.no_grad():
         a, b = result.model(images), zeroed(model, result.masks)(images)
     assert a.shape == b.shape == (4, 4 + len(det.CLASSES), 8 * 8 + 4 * 4)

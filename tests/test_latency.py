@@ -15,6 +15,7 @@ import slimming
 from slimming.errors import SlimmingError
 from slimming.measure import latency
 from slimming.measure.latency import MeasuredLatency, layer_specs
+from slimming.pruning.records import LatencyBudget
 from slimming.pruning.speed import TOLERANCE, parse_latency
 from slimming.tools.sweep import sweep
 from slimming.utils.modules import modes_kept
@@ -80,18 +81,18 @@ def test_a_latency_budget_lands_on_the_fraction_asked(seed, asked, one_thread):
     device = StepLatency()
     result = slimming.prune(model, target_latency=asked, example_inputs=x, latency_model=device)
     b = result.budget
-    assert b["what"] == "latency" and b["kind"] == "fraction" and b["asked"] == asked
+    assert b.what == "latency" and b.unit == "fraction" and b.asked == asked
     achieved = cost(result.model, x) / cost(model, x)
-    assert b["fraction"] == pytest.approx(achieved)
+    assert b.ratio == pytest.approx(achieved) == b.achieved
     # this device is what the table models (a layer costs the product of its two stepped
     # widths; the network, the sum of its layers): the estimate of the network cut is exact
-    assert b["rounds"][0]["estimated_ms"] == pytest.approx(b["rounds"][0]["achieved_ms"], rel=1e-9)
+    assert b.rounds[0].estimated_ms == pytest.approx(b.rounds[0].ms, rel=1e-9)
     # the estimate is exact for this device: the cut lands within the tolerance, though a step
     # of a residual stream at 0.3 is 5% of the network (the greedy's last big step is retried)
-    assert abs(achieved - asked) <= TOLERANCE * asked, (achieved, b["rounds"])
-    assert b["met"] and b["spread"] == 0
-    if abs(b["rounds"][0]["fraction"] - asked) <= TOLERANCE * asked:
-        assert len(b["rounds"]) == 1  # a first cut that lands needs no second
+    assert abs(achieved - asked) <= TOLERANCE * asked, (achieved, b.rounds)
+    assert b.met and b.spread == 0
+    if abs(b.rounds[0].ratio - asked) <= TOLERANCE * asked:
+        assert len(b.rounds) == 1  # a first cut that lands needs no second
     assert result.verified is not None and result.verified < 1e-3  # checked: exact
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # untouched
     out = result.model(x)
@@ -105,9 +106,9 @@ def test_an_absolute_budget_in_milliseconds(one_thread):
     full = cost(model, x)
     result = slimming.prune(model, target_latency=f"{0.6 * full:.6f}ms", example_inputs=x,
                             latency_model=StepLatency())
-    assert result.budget["kind"] == "ms" and result.budget["target"] == pytest.approx(0.6 * full, rel=1e-5)
+    assert result.budget.unit == "ms" and result.budget.target_ms == pytest.approx(0.6 * full, rel=1e-5)
     assert cost(result.model, x) <= 0.6 * full * (1 + TOLERANCE)
-    assert result.budget["batch"] == 2
+    assert result.budget.batch == 2 and result.budget.achieved == result.budget.ms
 
 
 def test_latency_saved_per_importance_decides_where_the_cut_falls(one_thread):
@@ -147,7 +148,7 @@ def test_round_to_auto_keeps_widths_at_the_top_of_a_step(step, one_thread):
     # and a latency budget with round_to="auto" lands on step tops too
     timed = slimming.prune(model, target_latency=0.5, example_inputs=x, round_to="auto", latency_model=device)
     assert all(int(m.sum()) % step == 0 or bool(m.all()) for m in timed.cfg_mask)
-    assert timed.budget["fraction"] <= 0.5 * (1 + TOLERANCE)
+    assert timed.budget.ratio <= 0.5 * (1 + TOLERANCE)
 
 
 def test_the_family_and_depthwise_paths_take_a_latency_budget(one_thread):
@@ -155,16 +156,16 @@ def test_the_family_and_depthwise_paths_take_a_latency_budget(one_thread):
     vgg = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, 64, "M", 64, 64, "M", 64])
     sparsity_shaped(vgg, 5)
     r = slimming.prune(vgg, target_latency=0.5, latency_model=StepLatency())
-    assert isinstance(r.cfg, list) and r.budget["fraction"] <= 0.5 * (1 + TOLERANCE)
+    assert isinstance(r.cfg, list) and r.budget.ratio <= 0.5 * (1 + TOLERANCE)
     mobile = torchvision.models.mobilenet_v2(num_classes=10).eval()
     sparsity_shaped(mobile, 6)
     x = torch.randn(1, 3, 64, 64)
     r = slimming.prune(mobile, target_latency=0.6, example_inputs=x, latency_model=StepLatency(),
                        ignore=("classifier.1",))
-    assert r.budget["fraction"] <= 0.6 * (1 + TOLERANCE) and r.verified is not None
-    assert r.budget["fraction"] == pytest.approx(cost(r.model, x) / cost(mobile, x))
-    first = r.budget["rounds"][0]  # depthwise layers, estimated exactly too
-    assert first["estimated_ms"] == pytest.approx(first["achieved_ms"], rel=1e-9)
+    assert r.budget.ratio <= 0.6 * (1 + TOLERANCE) and r.verified is not None
+    assert r.budget.ratio == pytest.approx(cost(r.model, x) / cost(mobile, x))
+    first = r.budget.rounds[0]  # depthwise layers, estimated exactly too
+    assert first.estimated_ms == pytest.approx(first.ms, rel=1e-9)
 
 
 def test_the_measurement_corrects_the_estimate(one_thread):
@@ -180,9 +181,9 @@ def test_the_measurement_corrects_the_estimate(one_thread):
     sparsity_shaped(model, 7)
     x = torch.randn(1, 3, 64, 64)
     r = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Skewed(overhead=0.01))
-    rounds = r.budget["rounds"]
-    assert r.budget["met"] and abs(r.budget["fraction"] - 0.5) <= 0.5 * TOLERANCE, rounds
-    assert all(set(k) >= {"estimated_ms", "achieved_ms", "fraction", "spread_ms"} for k in rounds)
+    rounds = r.budget.rounds
+    assert r.budget.met and abs(r.budget.ratio - 0.5) <= 0.5 * TOLERANCE, rounds
+    assert len(rounds) >= 2 and all(rd.ms == pytest.approx(rd.ratio * rd.original_ms) for rd in rounds)
 
 
 def test_where_the_table_sees_no_saving_the_cut_is_found_by_measurement(one_thread):
@@ -199,9 +200,9 @@ def test_where_the_table_sees_no_saving_the_cut_is_found_by_measurement(one_thre
     x = torch.randn(1, 3, 64, 64)
     r = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch())
     b = r.budget
-    assert all(rd["goal_ms"] is None for rd in b["rounds"]) and 2 <= len(b["rounds"]) <= 5
-    assert b["fraction"] == pytest.approx(cost(r.model, x) / cost(model, x))
-    assert 0.4 <= b["fraction"] <= 0.5 * (1 + TOLERANCE), b["rounds"]
+    assert all(rd.goal_ms is None for rd in b.rounds) and 2 <= len(b.rounds) <= 5
+    assert b.ratio == pytest.approx(cost(r.model, x) / cost(model, x))
+    assert 0.4 <= b.ratio <= 0.5 * (1 + TOLERANCE), b.rounds
     assert r.verified is not None
 
 
@@ -298,6 +299,7 @@ def test_the_command_line_prunes_to_a_latency_and_the_file_loads_safely(tmp_path
     ckpt = load_checkpoint(tmp_path / "fast" / "pruned.pth")  # weights_only: plain values only
     b = ckpt["budget"]
     assert b["what"] == "latency" and b["asked"] == 0.7 and b["batch"] == 4 and b["rounds"]
+    assert LatencyBudget.from_dict(b).ratio == b["ratio"] and b["runtime"] == "eager"
     assert type(b["table"]["torch"]) is str and "path" not in b["table"]  # no local path in a shared file
     small = load_model(tmp_path / "fast" / "pruned.pth")
     assert sum(v for v in small.cfg if v != "M") < 16 + 32 + 64 * 3

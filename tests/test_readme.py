@@ -65,7 +65,7 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
     if "class Detector" in code:  # your own detector in your own loop, its head kept whole
         small, again = namespace["small"], namespace["again"]
         result = namespace["result"]
-        assert result.budget["achieved"] <= 0.6 * result.budget["full"]
+        assert result.budget.achieved <= 0.6 * result.budget.full
         # the head keeps its own widths; the neck that feeds it is slimmed like the rest
         assert small.head[1].out_channels == 7 and small.head[0][0].out_channels == 32
         assert small.head[0][0].in_channels == small.backbone[3].cv2[0].out_channels < 32
@@ -76,9 +76,10 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
         return
     if "target_latency" in code:  # a latency budget: measured, recorded, the original untouched
         b, model = namespace["result"].budget, namespace["model"]
-        assert b["what"] == "latency" and b["asked"] == 0.5
-        assert 1 <= len(b["rounds"]) <= speed.ROUNDS  # how many a noisy machine needs varies
-        assert b["table"]["entries"] > 0 and b["full"] > 0 and 0 < b["fraction"] < 1
+        assert b.what == "latency" and b.asked == 0.5 and b.runtime == "eager"
+        assert 1 <= len(b.rounds) <= speed.ROUNDS  # how many a noisy machine needs varies
+        assert b.table["entries"] > 0 and b.original_ms > 0 and 0 < b.ratio < 1
+        assert b.ms == pytest.approx(b.ratio * b.original_ms) and b.spread == b.ratio_spread
         assert namespace["result"].model.fc.out_features == 10
         assert namespace["result"].verified is not None
         return
@@ -92,7 +93,7 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys):
         return
     if "add_gates" in code:  # ConvNeXt through its LayerNorms and gates, folded away at the cut
         result, model = namespace["result"], namespace["model"]
-        assert result.budget["achieved"] <= 0.5 * result.budget["full"]
+        assert result.budget.achieved <= 0.5 * result.budget.full
         mlp = result.model.features[1][0].block
         assert mlp[3].in_features < 96 and mlp[3].out_features == mlp[5].in_features < 384
         assert not any(isinstance(m, layers.ChannelGate) for m in result.model.modules())

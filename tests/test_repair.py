@@ -158,7 +158,7 @@ def test_a_flops_budget_is_met_as_closely_as_the_channels_allow(arch, options):
     full = count_flops(model)
     result = slimming.prune(model, target_flops=0.5)
     achieved = count_flops(result.model)
-    assert result.budget["achieved"] == achieved and achieved <= 0.5 * full
+    assert result.budget.achieved == achieved and achieved <= 0.5 * full
     assert achieved >= 0.98 * 0.5 * full  # within 2% of the budget
     params = count_params(model)
     result = slimming.prune(model, target_params=int(0.4 * params), compensate=False)

@@ -16,6 +16,7 @@ from slimming import models
 from slimming.cli import main
 from slimming.errors import SlimmingError
 from slimming.io.checkpoint import checkpoint_dict, load_checkpoint, save_checkpoint
+from slimming.pruning.records import LatencyBudget, LatencyRound
 from slimming.tools import plots
 from slimming.tools.report import MAX_EVAL_BYTES, MAX_METRICS_BYTES, build_report, write_report
 from slimming.tools.sweep import MAX_POINTS, parse_percents, sweep, write_sweep
@@ -316,14 +317,20 @@ def test_checkpoint_fields_that_are_not_numbers_read_as_not_recorded(fresh_run):
     assert "| pruned | not measured |" in (fresh_run / "report.md").read_text()
 
 
-LATENCY = {"what": "latency", "kind": "fraction", "asked": 0.5, "target": 1.2, "achieved": 1.19,
-           "fraction": 0.49, "fraction_spread": 0.02, "original": 2.43, "full": 2.4, "batch": 8}
+LATENCY = LatencyBudget(0.5, "fraction", 1.2, True,
+                        [LatencyRound(1.1, 1.2, 1.19, 0.03, 2.43, 0.04, 0.49, 0.02, 24)], batch=8).as_dict()
+OLD = {"what": "latency", "kind": "fraction", "asked": 0.5, "target": 1.2, "achieved": 1.19,  # 0.2.0's files
+       "fraction": 0.49, "fraction_spread": 0.02, "original": 2.43, "full": 2.4, "batch": 8}
 
 
 @pytest.mark.parametrize("budget, shown", [
     (LATENCY, True),
+    (OLD, True),
     ({**LATENCY, "asked": "0.5"}, False),  # a string where a number belongs: not recorded
-    ({**LATENCY, "kind": "soon"}, False),
+    ({**LATENCY, "unit": "soon"}, False),
+    ({**LATENCY, "chosen": 3}, False),
+    ({**LATENCY, "rounds": [{**LATENCY["rounds"][0], "ratio": float("nan")}]}, False),
+    ({**OLD, "fraction": "0.49"}, False),
     ({"what": "flops", "target": 1e6, "achieved": 9e5, "full": 2e6}, False),
 ])
 def test_a_latency_budget_is_reported_as_asked_and_measured(fresh_run, budget, shown):
@@ -334,9 +341,10 @@ def test_a_latency_budget_is_reported_as_asked_and_measured(fresh_run, budget, s
     save_checkpoint(ckpt, path)
     write_report(build_report(fresh_run, latency_repeats=0), fresh_run)
     md = (fresh_run / "report.md").read_text()
-    line = ("Latency budget asked at the cut: 1.2 ms (0.5 of the original, batch 8); measured then: "
-            "0.490 +- 0.020 of the original (1.19 ms against its 2.43 ms, interleaved).")
-    assert (line in md) == shown and ("Latency budget" in md) == shown
+    spread = "0.03" if budget is LATENCY else "0"
+    line = ("Latency budget asked at the cut: 1.2 ms (0.5 of the original, batch 8, eager); measured then: "
+            f"0.490 +- 0.020 of the original (1.19 +- {spread} ms against its 2.43 ms, interleaved).")
+    assert (line in md) == shown and ("Latency budget" in md) == shown, md
 
 
 def test_report_of_missing_folder(tmp_path):

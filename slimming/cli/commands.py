@@ -198,23 +198,28 @@ def write_eval(folder, m: dict) -> None:
     write_text(folder / "eval.json", json.dumps({k: m[k] for k in ("acc", "loss", "count")}))
 
 
-def latency_lines(b: dict) -> str:
-    """What a latency budget asked, achieved and cost, in a few lines."""
-    asked = f"{b['asked']:g} of {b['full']:.3g} ms ({b['target']:.3g} ms)" if b["kind"] == "fraction" \
-        else f"{b['target']:.3g} ms (the original: {b['full']:.3g} ms)"
-    t = b.get("table") or {}
-    where = f"{t['device']}, {t['threads']} thread(s), " if t else ""
-    lines = [f"latency budget {asked}, at batch {b['batch']} ({where}interleaved medians): achieved "
-             f"{b['fraction']:.3f} +- {b['fraction_spread']:.3f} of the original ({b['achieved']:.3g} ms "
-             f"+- {b['spread']:.2g} against its {b['original']:.3g} ms in the same run), in "
-             f"{len(b['rounds'])} measured round(s)"]
-    if not b["met"]:
-        lines.append("the measured latency missed the budget by more than 2% (and the median's error) after "
+def latency_lines(b) -> str:
+    """What a latency budget (a ``LatencyBudget``) asked, achieved and cost, in a few lines."""
+    t = b.table or {}
+    where = f"{b.runtime} on {t['device']}, {t['threads']} thread(s), " if t else f"{b.runtime}, "
+    of = f"{b.ratio:.3f} +- {b.ratio_spread:.3f} of the original"
+    mss = f"{b.ms:.3g} +- {b.ms_spread:.2g} ms against its {b.original_ms:.3g} +- {b.original_spread:.2g} ms"
+    if b.unit == "fraction":
+        asked, got = f"{b.asked:g} of the original's ({b.target_ms:.3g} ms)", f"{of} ({mss}"
+    else:
+        asked = f"{b.target_ms:.3g} ms"
+        got = f"{b.ms:.3g} +- {b.ms_spread:.2g} ms ({of}, {b.original_ms:.3g} ms"
+    lines = [f"latency budget {asked}, at batch {b.batch} ({where}the fastest tenth of "
+             f"{b.best.samples} interleaved samples each): achieved {got} in the same rounds), in "
+             f"{len(b.rounds)} measured round(s)"]
+    if not b.met:
+        lines.append("the measured latency missed the budget by more than its spread (or 2%) after "
                      "correcting: the cut's steps are coarser than the budget's precision here")
     if t:
         kept = f", {t['size']} in {t['path']} (slimming cache --clear empties it)" if t.get("path") else ""
+        noisy = f"; {t['noisy']} too noisy to keep" if t.get("noisy") else ""
         lines.append(f"latency table: {t['entries']} layer timings ({t['measured']} new, "
-                     f"{t['seconds']:.1f} s){kept}")
+                     f"{t['seconds']:.1f} s{noisy}){kept}")
     return "\n".join(lines)
 
 
@@ -257,13 +262,13 @@ def cmd_prune(args) -> None:
         print(f"ranked {ranked} channels (one per channel that layers share; kept ones not ranked): "
               f"{cut} cut ({100 * cut / max(ranked, 1):.1f}%{asked})")
     print(f"parameters {p0:,} -> {p1:,} ({100 * p1 / p0:.1f}% kept)")
-    if result.budget.get("what") == "latency":
-        print(latency_lines(result.budget))
-    elif result.budget:
-        b = result.budget
-        what = "FLOPs" if b["what"] == "flops" else "parameter"
-        print(f"{what} budget {b['target']:.4g} ({100 * b['target'] / b['full']:.1f}% of "
-              f"{b['full']:.4g}): {b['achieved']:.4g} achieved ({100 * b['achieved'] / b['full']:.2f}%)")
+    b = result.budget
+    if b is not None and b.what == "latency":
+        print(latency_lines(b))
+    elif b is not None:
+        what = "FLOPs" if b.what == "flops" else "parameter"
+        print(f"{what} budget {b.target:.4g} ({100 * b.target / b.full:.1f}% of "
+              f"{b.full:.4g}): {b.achieved:.4g} achieved ({100 * b.achieved / b.full:.2f}%)")
     if isinstance(result.cfg, dict):  # a traced network: its widths per factor layer, in the file
         changed = sum(1 for _, b, a in table if a != b)
         gone = len(table) - len(result.cfg)  # gates fold into the layer after them at the cut
@@ -378,7 +383,11 @@ def cmd_sweep(args) -> None:
     for r in rows:
         what = "unpruned     " if r.get("reference") else (
             f"percent {r['percent']:<5g}" if axis == "percent" else f"{axis} {r['target']:<5g}")
-        latency = f"  latency {r['latency_ms']:.3g} ms" if "latency_ms" in r else ""
+        latency = f"  latency {r['latency_ms']:.3g} +- {r['latency_ms_spread']:.2g} ms" \
+            if "latency_ms" in r else ""
+        if r.get("met") is False:
+            latency += (f" (missed: {r['latency_kept']:.3f} +- {r['latency_kept_spread']:.3f} of the "
+                        "original's)")
         print(f"{what} params kept {100 * r['params_kept']:5.1f}%  FLOPs kept "
               f"{100 * r['flops_kept']:5.1f}%{latency}  top-1 {r['acc']:.2f}%")
     written = write_sweep(rows, args.save)

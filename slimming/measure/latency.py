@@ -1,14 +1,15 @@
-"""Latency as the device runs it: networks timed end to end, interleaved (median and spread), and
-single layers timed at candidate widths into a lookup table (HALP's, NeurIPS 2022), kept on
-disk per device, torch version and thread count.
+"""Latency as the device runs it: networks timed end to end, interleaved, and single layers
+timed at candidate widths into a lookup table (HALP's, NeurIPS 2022), kept on disk per device,
+torch version, runtime and thread count.
 
 A ``LatencyModel`` is what a latency budget asks (``slimming.pruning.speed``): ``layer(spec,
 in_ch, out_ch)``, the milliseconds of one layer at those widths, and ``network(models,
 inputs)``, milliseconds per forward of each model, sampled in turn (so that a slow spell of
 the machine falls on all of them alike). ``MeasuredLatency`` times them on the device the
 model is on (the CPU with ``torch.get_num_threads()`` threads as set, or CUDA with
-synchronisation); tests inject a deterministic model instead. Timings are medians: these
-machines are noisy, and a mean follows one slow run.
+synchronisation), in eager, torch.export or onnxruntime (``runtimes``); tests inject a
+deterministic model instead. What a figure is made of, and when it is too noisy to use:
+``slimming.measure.timing``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,11 +29,17 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..utils.files import human_bytes, write_text
+from ..utils.files import human_bytes, read_regular, write_text
+from . import timing
+from .runtimes import check_runtime, prepared, version
 
 CACHE_ENV = "SLIMMING_CACHE_DIR"  # where the tables live; default ~/.cache/slimming
 MAX_TABLE_BYTES = 16 * 2**20  # a table file over this is not read (a table is a few hundred KiB)
 LAYER_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)  # what the table times; others: the rest
+TABLE_FORMAT = 2  # 2: low quantiles, noisy timings left out (1's medians are not read)
+LAYER_NOISE = 0.25  # a layer's samples agree when their median is within 25% of their low quantile
+LAYER_TRIES = 3  # samples of a layer taken at most this many times over while they disagree
+SLOWER = 1.25  # a layer timed narrower but this much slower than at its full widths is timed again
 
 
 def cache_dir() -> Path:
@@ -58,23 +65,16 @@ def clear_cache() -> int:
     return size
 
 
-def device_context(device: torch.device) -> dict:
-    """What a timing depends on beyond the layer: the device, torch's version, the threads."""
+def device_context(device: torch.device, runtime: str = "eager") -> dict:
+    """What a timing depends on beyond the layer: the device, torch's version, the runtime,
+    the threads (and the table's format)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
         name = " ".join(filter(None, (platform.machine(), platform.processor(), f"{os.cpu_count()} cores")))
     return {"device": f"{device.type}: {name}", "torch": str(torch.__version__),  # a plain str: it goes
             # into checkpoints, whose loader takes plain values only (TorchVersion is a class)
-            "threads": torch.get_num_threads()}
-
-
-def median_spread(samples: Sequence[float]) -> tuple[float, float]:
-    """The median and the spread (half the interquartile range) of ``samples``."""
-    if len(samples) < 4:
-        return statistics.median(samples), (max(samples) - min(samples)) / 2
-    q1, _, q3 = statistics.quantiles(samples, n=4)
-    return statistics.median(samples), (q3 - q1) / 2
+            "threads": torch.get_num_threads(), "runtime": version(runtime), "format": TABLE_FORMAT}
 
 
 @dataclass(frozen=True)
@@ -175,17 +175,40 @@ def layer_specs(model: nn.Module, inputs: tuple) -> dict[str, LayerSpec]:
 
 
 class LatencyModel(Protocol):
-    """What a latency budget asks of the device (``MeasuredLatency`` times it for real)."""
+    """What a latency budget asks of the device (``MeasuredLatency`` times it for real).
+    Optional: ``max_seconds`` (how long one measurement may take more rounds to be precise),
+    ``runtime`` (what it times in: ``slimming.measure.runtimes``), and ``recall(key)`` /
+    ``remember(key, record)``, what it keeps of a network between prunes (its latency, how far
+    the table's estimates were off)."""
 
     def layer(self, spec: LayerSpec, in_ch: int, out_ch: int) -> float:
         """Milliseconds of one forward of the layer ``spec`` at these widths."""
 
     def network(self, models: Sequence[nn.Module], inputs: tuple) -> list[list[float]]:
-        """Milliseconds of one forward of each model on ``inputs``: samples per model."""
+        """Milliseconds of one forward of each model on ``inputs``: samples per model, taken in
+        turn (one round times each model once)."""
 
 
 def _sync(device: torch.device):
     return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def time_calls(calls: Sequence[Callable[[], object]], repeats: int, warmup: int = 2,
+               sync: Callable[[], None] = lambda: None) -> list[list[float]]:
+    """Milliseconds of each of ``calls``, ``repeats`` samples each, taken in turn (call 1, call
+    2, ..., call 1, ...) after ``warmup`` runs of each."""
+    for call in calls:
+        for _ in range(warmup):
+            call()
+    sync()
+    samples: list[list[float]] = [[] for _ in calls]
+    for _ in range(repeats):
+        for call, out in zip(calls, samples):
+            start = time.perf_counter()
+            call()
+            sync()
+            out.append(1000 * (time.perf_counter() - start))
+    return samples
 
 
 @torch.inference_mode()
@@ -194,31 +217,19 @@ def time_interleaved(models: Sequence[nn.Module], inputs: tuple, repeats: int = 
     """Milliseconds of one forward of each model, ``repeats`` samples each, taken in turn
     (model 1, model 2, ..., model 1, ...) after ``warmup`` forwards of each, in eval mode."""
     device = next(p.device for m in models for p in m.parameters())
-    sync = _sync(device)
     for m in models:
         m.eval()
-        for _ in range(warmup):
-            m(*inputs)
-    sync()
-    samples: list[list[float]] = [[] for _ in models]
-    for _ in range(repeats):
-        for m, out in zip(models, samples):
-            start = time.perf_counter()
-            m(*inputs)
-            sync()
-            out.append(1000 * (time.perf_counter() - start))
-    return samples
+    return time_calls([lambda m=m: m(*inputs) for m in models], repeats, warmup, _sync(device))
 
 
-@torch.inference_mode()
-def time_layer(layer: nn.Module, x: torch.Tensor, samples: int = 5, least_ms: float = 1.0) -> float:
-    """Median milliseconds of ``layer(x)``; each sample runs the layer often enough to last
-    ``least_ms`` (a small layer's single run is under the clock's noise)."""
-    sync = _sync(x.device)
-    layer(x)
+def layer_samples(run: Callable[[], object], sync: Callable[[], None], samples: int = 7,
+                  least_ms: float = 1.0) -> list[float]:
+    """Milliseconds of one ``run()`` (a layer's forward), ``samples`` times; each sample runs it
+    often enough to last ``least_ms`` (a small layer's single run is under the clock's noise)."""
+    run()
     sync()
     start = time.perf_counter()
-    layer(x)
+    run()
     sync()
     once = max(time.perf_counter() - start, 1e-7)
     runs = max(1, min(1000, math.ceil(least_ms / 1000 / once)))
@@ -226,69 +237,131 @@ def time_layer(layer: nn.Module, x: torch.Tensor, samples: int = 5, least_ms: fl
     for _ in range(samples):
         start = time.perf_counter()
         for _ in range(runs):
-            layer(x)
+            run()
         sync()
         times.append(1000 * (time.perf_counter() - start) / runs)
-    return statistics.median(times)
+    return times
 
 
 class MeasuredLatency:
-    """The latency model of the device ``device``: layers timed alone at their widths, kept in
-    a table on disk (``cache=False``: in memory only), and networks timed end to end,
-    interleaved (``repeats`` samples each). ``measured``/``seconds``: the layer timings this
-    object made and what they took; ``path``: its table's file."""
+    """The latency model of the device ``device`` in ``runtime`` (``slimming.measure.runtimes``):
+    layers timed alone at their widths, kept in a table on disk (``cache=False``: in memory
+    only), and networks timed end to end, interleaved (``repeats`` rounds a call; a measurement
+    takes more rounds, for at most ``max_seconds``, where it is too noisy to decide).
 
-    def __init__(self, device: torch.device | str = "cpu", repeats: int = 25, cache: bool = True):
+    A layer's figure is the low quantile of its samples (``timing``); samples that disagree by
+    more than ``LAYER_NOISE`` are taken again (``LAYER_TRIES`` times), and a layer timed narrower
+    yet slower than at its full widths is timed again; what stays noisy is used for this prune
+    but never written to the table (``noisy``), so that one busy spell does not steer later
+    prunes. ``measured``/``seconds``: the layer timings this object made and what they took;
+    ``path``: its table's file, which also keeps what ``remember`` is told of each network."""
+
+    def __init__(self, device: torch.device | str = "cpu", repeats: int = 12, cache: bool = True,
+                 runtime: str = "eager", max_seconds: float = timing.MAX_SECONDS):
         self.device, self.repeats, self.cache = torch.device(device), repeats, cache
-        self.context = device_context(self.device)
+        check_runtime(runtime, self.device)
+        self.runtime, self.max_seconds = runtime, max_seconds
+        self.context = device_context(self.device, runtime)
         digest = hashlib.sha256(json.dumps(self.context, sort_keys=True).encode()).hexdigest()[:16]
         self.path = cache_dir() / f"{digest}.json"
-        self.entries: dict[str, float] = self._read() if cache else {}
+        self.entries, self.networks = self._read() if cache else ({}, {})
+        self.noisy: set[str] = set()
         self.measured, self.seconds, self.dirty = 0, 0.0, False
+        self._ready: dict[int, tuple] = {}  # id(model) -> (model, its forward in the runtime)
 
-    def _read(self) -> dict[str, float]:
-        """The table on disk, or an empty one (missing, too large, not ours, or damaged: it is
-        a cache, remade by timing again)."""
+    def _read(self) -> tuple[dict[str, float], dict[str, dict]]:
+        """The table on disk and its network records, or empty ones (missing, not a regular
+        file, too large, not ours, or damaged: it is a cache, remade by timing again)."""
         try:
-            if self.path.stat().st_size > MAX_TABLE_BYTES:
-                return {}
-            data = json.loads(self.path.read_text())
+            data = json.loads(read_regular(self.path, MAX_TABLE_BYTES))
         except (OSError, ValueError):
-            return {}
+            return {}, {}
         ours = isinstance(data, dict) and data.get("context") == self.context
         entries = data.get("entries") if ours else None
         if not isinstance(entries, dict):
-            return {}
+            return {}, {}
+        networks = data.get("networks")
+        networks = {k: v for k, v in networks.items() if isinstance(k, str) and isinstance(v, dict)} \
+            if isinstance(networks, dict) else {}
         return {k: float(v) for k, v in entries.items()
-                if isinstance(k, str) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+                if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                and math.isfinite(v) and v >= 0}, networks
+
+    def _time(self, spec: LayerSpec, in_ch: int, out_ch: int) -> list[float]:
+        """Samples (ms) of the layer ``spec`` at these widths, in this runtime."""
+        layer, x = spec.build(in_ch, out_ch, self.device)
+        return layer_samples(prepared(layer, (x,), self.runtime), _sync(self.device))
 
     def layer(self, spec: LayerSpec, in_ch: int, out_ch: int) -> float:
         key = spec.key(in_ch, out_ch)
         if key not in self.entries:
             start = time.perf_counter()
-            layer, x = spec.build(in_ch, out_ch, self.device)
-            self.entries[key] = time_layer(layer, x)
+            samples = self._time(spec, in_ch, out_ch)
+            for _ in range(LAYER_TRIES - 1):
+                if _agrees(samples):
+                    break
+                samples += self._time(spec, in_ch, out_ch)
+            self.entries[key] = timing.low_quantile(samples)
+            if not _agrees(samples):
+                self.noisy.add(key)
             self.seconds += time.perf_counter() - start
             self.measured += 1
             self.dirty = True
+            full = spec.key(spec.full_in, spec.full_out)
+            if key != full and full in self.entries and self.entries[key] > SLOWER * self.entries[full]:
+                self._again(spec, key, full, in_ch, out_ch)
         return self.entries[key]
 
+    def _again(self, spec: LayerSpec, key: str, full: str, in_ch: int, out_ch: int) -> None:
+        """A layer timed narrower yet slower than at its full widths: both timed once more
+        (noise only adds: the lower figure of each stands); still so, neither is written."""
+        self.entries[key] = min(self.entries[key], timing.low_quantile(self._time(spec, in_ch, out_ch)))
+        self.entries[full] = min(self.entries[full], timing.low_quantile(self._time(spec, spec.full_in,
+                                                                                    spec.full_out)))
+        if self.entries[key] > SLOWER * self.entries[full]:
+            self.noisy |= {key, full}
+
     def network(self, models: Sequence[nn.Module], inputs: tuple) -> list[list[float]]:
-        return time_interleaved(models, inputs, self.repeats)
+        runs = []
+        for m in models:
+            held = self._ready.get(id(m))
+            if held is None or held[0] is not m:
+                m.eval()
+                held = self._ready[id(m)] = (m, prepared(m, inputs, self.runtime))
+                while len(self._ready) > 4:  # the original and the last few cuts
+                    self._ready.pop(next(iter(self._ready)))
+            runs.append(held[1])
+        return time_calls(runs, self.repeats, 1, _sync(self.device))
+
+    def recall(self, key: str) -> dict | None:
+        """What ``remember`` was told of the network ``key`` (this table's, on this device)."""
+        return self.networks.get(key)
+
+    def remember(self, key: str, record: dict) -> None:
+        self.networks[key] = record
+        self.dirty = True
 
     def save(self) -> None:
-        """Write the table (atomically) when this object timed anything new."""
+        """Write the table (atomically) when this object timed anything new; the noisy
+        timings stay out of it."""
         if self.cache and self.dirty:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_text(self.path, json.dumps({"context": self.context, "entries": self.entries}))
+            entries = {k: v for k, v in self.entries.items() if k not in self.noisy}
+            write_text(self.path, json.dumps({"context": self.context, "entries": entries,
+                                              "networks": self.networks}))
             self.dirty = False
 
     def describe(self) -> dict:
         """The table's cost and size, as a result reports it."""
-        size = self.path.stat().st_size if self.cache and self.path.exists() else 0
+        size = self.path.stat().st_size if self.cache and self.path.is_file() else 0
         return {"entries": len(self.entries), "measured": self.measured, "seconds": round(self.seconds, 3),
-                "path": str(self.path) if self.cache else None, "bytes": size,
+                "noisy": len(self.noisy), "path": str(self.path) if self.cache else None, "bytes": size,
                 "size": human_bytes(size), **self.context}
+
+
+def _agrees(samples: list[float]) -> bool:
+    """A layer's samples agree: their median within ``LAYER_NOISE`` of their low quantile."""
+    return statistics.median(samples) <= (1 + LAYER_NOISE) * timing.low_quantile(samples)
 
 
 def layer_latencies(model: nn.Module, inputs: tuple, cost: LatencyModel | None = None) -> list[tuple]:

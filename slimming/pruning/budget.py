@@ -23,6 +23,7 @@ from ..errors import SlimmingError, first_line, number
 from ..measure.stats import count_flops, count_params
 from ..utils.modules import modes_kept
 from .graph import GraphError
+from .records import CountBudget
 from .select import select
 
 _NAME = {"flops": "FLOPs", "params": "parameters"}  # in messages
@@ -85,7 +86,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
 
     A candidate whose forward fails (``measured``) is a GraphError; with ``checked`` (the
     caller runs ``prune``'s check on the result and cuts again where it refuses, as ``prune``
-    does with ``verify``) it is returned unmeasured instead (``budget["achieved"]`` None), for
+    does with ``verify``) it is returned unmeasured instead (``budget.achieved`` None), for
     the check to refuse it and the caller to cut again with the sizes kept or the block whole,
     as it does any cut the check refuses: only where its forward alone fails on the example
     (with the widths as built and put back), so that the check's fails too."""
@@ -93,7 +94,8 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
     size = tuple(example.shape[1:])
     measure = (lambda m: count_flops(m, size)) if what == "flops" else count_params
     full = measure(model)
-    target = parse_budget(target_flops if what == "flops" else target_params, full, what)
+    asked = target_flops if what == "flops" else target_params
+    target = parse_budget(asked, full, what)
     total = sum(s.numel() for s in plan.scores)
 
     def at(k: int):
@@ -106,8 +108,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
                 measured(result, lambda m: _run(m, example))
             except GraphError:
                 if checked:  # the check refuses it too (its forward fails the same way)
-                    result.budget = {"what": what, "target": target, "achieved": None, "full": full,
-                                     "percent": k / total}
+                    result.budget = CountBudget(what, asked, target, None, full, k / total)
                     raise _Unrunnable(result) from None
             raise
 
@@ -128,8 +129,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
     except _Unrunnable as e:  # the check refuses it too: the caller cuts again (sizes kept, block whole)
         return e.result
     result, value = best
-    result.budget = {"what": what, "target": target, "achieved": value, "full": full,
-                     "percent": hi / total}
+    result.budget = CountBudget(what, asked, target, value, full, hi / total)
     return result
 
 

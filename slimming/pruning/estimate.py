@@ -14,13 +14,16 @@ latency staircase: the widest width of each cost, one channel more and some laye
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs, median_spread
+from ..measure import timing
+from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs
 from ..utils.modules import modes_kept
 
 STEP = 0.01  # round_to="auto": a width is kept when it is at least 1% faster than every wider one
@@ -133,13 +136,21 @@ class Estimator:
 
 
 def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[TimedLayer]:
-    """Which groups set which layer's widths, by cutting each group by half on its own (one
-    build per group): a layer whose input (output) lost ``d`` channels when its group lost
-    ``c`` reads (makes) ``d / c`` per channel. Layers no group touches (a head kept by
-    ``ignore``) stay in, at their one width: what they cost, the cut does not save."""
+    """Which groups set which layer's widths, by cutting each group by half on its own: a
+    layer whose input (output) lost ``d`` channels when its group lost ``c`` reads (makes)
+    ``d / c`` per channel. A traced plan says each module's masks without building
+    (``plan.cuts``); a family's is built, once per group. Layers no group touches (a head kept
+    by ``ignore``) stay in, at their one width: what they cost, the cut does not save."""
     ones = [torch.ones(len(s), dtype=torch.bool) for s in plan.scores]
-    base = plan.build(ones, None, [])
-    before = {name: layer_widths(base.model.get_submodule(name)) for name in specs}
+    if plan.cuts is not None:
+        def widths(masks) -> dict[str, tuple[int, int]]:
+            cut = plan.cuts(masks)
+            return {name: _widths(cut.get(name, {}), s) for name, s in specs.items()}
+    else:
+        def widths(masks) -> dict[str, tuple[int, int]]:
+            new = plan.build(masks, None, []).model
+            return {name: layer_widths(new.get_submodule(name)) for name in specs}
+    before = widths(ones)
     layers = {name: TimedLayer(name, spec) for name, spec in specs.items()}
     for g, s in enumerate(plan.scores):
         cut = len(s) // 2
@@ -147,14 +158,22 @@ def probe(plan, model: nn.Module, specs: dict[str, LayerSpec]) -> list[TimedLaye
             continue
         masks = [m.clone() for m in ones]
         masks[g][torch.argsort(s, stable=True)[:cut]] = False
-        new = plan.build(masks, None, []).model
-        for name, (i0, o0) in before.items():
-            i1, o1 = layer_widths(new.get_submodule(name))
+        for name, (i1, o1) in widths(masks).items():
+            i0, o0 = before[name]
             if i1 != i0:
                 layers[name].ins[g] = (i0 - i1) / cut
             if o1 != o0:
                 layers[name].outs[g] = (o0 - o1) / cut
     return list(layers.values())
+
+
+def _widths(cut: dict, spec: LayerSpec) -> tuple[int, int]:
+    """A layer's (input, output) width from its keep-masks (``surgery.plan``'s "in", "out", or
+    "channels" for what it carries: a depthwise convolution)."""
+    both = cut.get("channels")
+    read, made = cut.get("in", both), cut.get("out", both)
+    return (spec.full_in if read is None else int(read.sum()),
+            spec.full_out if made is None else int(made.sum()))
 
 
 def lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float) -> list[int]:
@@ -193,18 +212,41 @@ def _step_tops(est: Estimator, g: int, widths: list[int]) -> list[int]:
     return sorted(kept)
 
 
-def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, sizes: list[int]):
-    """(the table's estimator of ``model``, the latency model, the original's measured latency
-    as (median, spread) in ms)."""
+def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, sizes: list[int],
+          noise: float | None = None):
+    """(the table's estimator of ``model``, the latency model, the original's latency as a
+    ``timing.Estimate`` in ms, the network's key in the latency memory, what the memory holds
+    of it). The original is timed until its spread is within ``noise`` of it (None: one call),
+    or not at all where the memory holds its latency (``Estimate.samples`` 0): a prune then
+    times it beside its first cut."""
     device = next(model.parameters()).device
     cost = cost if cost is not None else MeasuredLatency(device)
     with modes_kept(model):
         model.eval()
         specs = layer_specs(model, inputs)
-        samples = cost.network([model], inputs)[0]
+        key = network_key(model, inputs, specs)
+        memory = (cost.recall(key) if hasattr(cost, "recall") else None) or {}
+        if noise is not None and _number(memory.get("ms")) > 0 and _number(memory.get("spread")) >= 0:
+            original = timing.Estimate(float(memory["ms"]), float(memory["spread"]), 0)
+        else:
+            samples, _ = timing.sample(cost, [model], inputs, lambda s: noise is None or
+                                       timing.estimate(s[0]).relative <= noise)
+            original = timing.estimate(samples[0])
     layers = probe(plan, model, specs)
-    median, spread = median_spread(samples)
-    return Estimator(layers, cost, sizes, median), cost, (median, spread)
+    return Estimator(layers, cost, sizes, original.value), cost, original, key, memory
+
+
+def network_key(model: nn.Module, inputs: tuple, specs: dict[str, LayerSpec]) -> str:
+    """What a network is to the latency memory: its timed layers (kinds, shapes, widths) and
+    inputs, whatever its weights."""
+    shapes = [list(t.shape) if isinstance(t, torch.Tensor) else repr(t) for t in inputs]
+    text = json.dumps([type(model).__name__, shapes, [[n, s.key(0, 0)] for n, s in specs.items()]])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _number(v) -> float:
+    """``v`` where it is a finite number, else -1 (a damaged memory reads as none)."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else -1.0
 
 
 def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None,
@@ -212,7 +254,7 @@ def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None
     """``round_to="auto"``: per group, the widths at the top of a step of its measured latency
     staircase (for ``select``: each group's kept count rounds up to the next of them)."""
     sizes = [len(s) for s in plan.scores]
-    est, cost, _ = setup(model, plan, inputs, cost, sizes)
+    est, cost, *_ = setup(model, plan, inputs, cost, sizes)
     lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
     widths = allowed_widths(est, "auto", [1] * len(sizes))
     save_table(cost)

@@ -44,6 +44,7 @@ from ..utils.modules import eager_model, keep_slices, modes_kept
 from . import budget, estimate, repair, speed, surgery
 from .graph import GraphError, Group, ignored_names
 from .importance import DEFAULT, Importance, get_importance
+from .records import CountBudget, LatencyBudget
 from .select import SPARSE_BOUND, equalize, scaled_prunable_bns, select, whole_block_scores
 from .surgery import WidthChange
 from .trace import as_inputs, trace
@@ -157,9 +158,8 @@ class PruneResult:
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     verified: float | None = None  # the check's largest relative difference (None: not checked)
     widths: list = field(default_factory=list)  # integer widths set: surgery.WidthChange records
-    # target_flops/params: what, target, achieved; target_latency also asked, spread, fraction,
-    # full, met, rounds (each end-to-end measurement) and table (the lookup table's cost)
-    budget: dict = field(default_factory=dict)
+    # what a budget asked and the cut achieved (``slimming.pruning.records``); None without one
+    budget: CountBudget | LatencyBudget | None = None
     # (channels the rule ranks, of them cut): a channel that layers share (a residual stream,
     # a concatenation's reader) counts once; channels the graph keeps (pinned) are not ranked.
     # ``percent`` asks floor(percent * ranked); the limits (min_channels, equal groups) may keep more
@@ -608,6 +608,9 @@ class Plan:
     scores: list[torch.Tensor]
     build: Callable[[list[torch.Tensor], float | None, list[int]], PruneResult]
     sized: list[str] = field(default_factory=list)  # modules whose block or split sizes were followed
+    # a traced plan's per-module keep-masks for group masks, without building (``surgery.plan``):
+    # what a latency budget's probe reads widths off
+    cuts: Callable[[list[torch.Tensor]], dict] | None = None
 
 
 def _family_plan(model: nn.Module, importance: Importance) -> Plan:
@@ -685,7 +688,9 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
     blocks = graph.blocks()
     whole_block_scores({graph.find(g.spaces[0]): s for g, s in zip(groups, scores)}, blocks)
 
-    def build(masks, threshold, guarded) -> PruneResult:
+    def roots_of(masks) -> dict:
+        """The keep-mask of every space's root: the groups' free channels as ``masks`` say, the
+        pinned ones kept, the equal-count blocks evened out."""
         roots = {graph.find(g.spaces[0]): torch.ones(g.size, dtype=torch.bool) for g in everything}
         ranks = {r: torch.full((len(m),), float("inf")) for r, m in roots.items()}
         for g, m, score in zip(groups, masks, scores):
@@ -693,6 +698,10 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
             roots[r][free] = m
             ranks[r][free] = score[free]
         equalize(roots, ranks, blocks)
+        return roots
+
+    def build(masks, threshold, guarded) -> PruneResult:
+        roots = roots_of(masks)
         plan = surgery.plan(graph, roots)
         new = surgery.cut(model, plan, graph)
         fold(new, set(graph.by_weight), multiply=False)  # gates whose layer's hooks never run
@@ -712,7 +721,8 @@ def _traced_plan(model: nn.Module, importance: Importance, example, ignore, keep
                            ranked=ranked, value_reads=sorted(set(graph.value_reads)),
                            baked={n: graph.computed[n] for n in baked_layers(new) if n in graph.computed})
 
-    return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)))
+    return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)),
+                lambda masks: surgery.plan(graph, roots_of(masks)))
 
 
 def nothing_to_cut(model: nn.Module, groups: list[Group]) -> str:

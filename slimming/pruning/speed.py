@@ -5,37 +5,53 @@ the user brings: every convolution and linear layer is timed alone at candidate 
 lookup table, ``slimming.measure.latency``, kept on disk), which gives each channel group a
 latency curve; then channels are taken away greedily, the group whose next step costs the
 least importance per millisecond saved first, until the table's estimate meets the budget.
-The network so cut is then timed end to end, interleaved with the original (medians, with
-the spread of their ratio); where it misses the budget by more than 2% (or the median's own
-error, where that is larger), the estimate's goal is corrected by what the measurement showed
-and the cut made again (at most ``ROUNDS`` measurements), and every round is reported.
+The network so cut is then timed end to end, interleaved with the original (the estimator of
+``slimming.measure.timing``: low quantiles, their ratio and its spread); where it misses the
+budget by more than 2% (or the measurement's spread, where that is larger), the estimate's
+goal is corrected by what the measurement showed and the cut made again (at most ``ROUNDS``
+measurements), and every round is reported.
+
+A measurement takes more rounds of samples until its spread is under ``PRECISION`` of the
+budget (or it is clearly off the budget), within the timer's cap; where it is then still over
+``NOISE`` (it cannot tell a cut that meets the budget from one that does not), the prune is
+refused in one line that says how noisy and what to do. Nothing measured so is reported as a
+result, or kept for later prunes.
+
+What the table's estimates were off by, and the original's latency, are remembered per
+network (``LatencyModel.remember``): the next prune of that network starts from the corrected
+goal and times the original only beside its first cut, so that a warm prune costs about one
+round. An original that now runs at another speed than when it was remembered is said.
 
 Where the table sees no cut that reaches the budget (layers that cost their launch more than
 their width), ``_by_measurement`` bisects the global ranking's share of channels cut on
 end-to-end measurements alone, as NetAdapt (ECCV 2018) adapts a network by measuring it.
-
-The table's estimate (``estimate``) ranks the cuts; the end-to-end measurement judges them.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import statistics
+import time
+import warnings
 
 import torch
 from torch import nn
 
 from ..errors import SlimmingError, parse_latency
-from ..measure.latency import LatencyModel, median_spread
+from ..measure import timing
+from ..measure.latency import LatencyModel
 from ..utils.modules import modes_kept
 from .budget import measured
 from .estimate import Estimator, allowed_widths, layer_widths, lower_bounds, save_table, setup
 from .graph import GraphError
+from .records import LatencyBudget, LatencyRound
 from .select import SPARSE_BOUND, select
 
 ROUNDS = 5  # end-to-end measurements at most: the first cut and four corrections
-TOLERANCE = 0.02  # a round within 2% of the budget (or the median's own error, if larger) is done
+TOLERANCE = 0.02  # a round within 2% of the budget (or the measurement's spread, if larger) is done
+PRECISION = 0.05  # a measurement takes more samples until its spread is 5% of the budget (0.025 of 0.5)
+NOISE = 0.1  # and one still over 10% of it at the timer's cap cannot tell a cut that meets it: refused
+REMEMBERED = 8  # (goal, measured) pairs kept per network
 
 
 def greedy(est: Estimator, scores: list[torch.Tensor], allowed: list[list[int]],
@@ -150,41 +166,51 @@ def _better(got: float, other: float, asked: float, slack: float) -> bool:
     return other > asked + slack and got < other
 
 
-def _next_goal(seen: list[tuple], asked: float) -> float:
+def _next_goal(seen: list[tuple], asked: float, prior: list[tuple] = ()) -> float:
     """The estimate's next goal: between the two closest goals whose measurements fell either
-    side of ``asked`` (linearly), else the last goal scaled by how far its measurement missed."""
-    below = [(got, goal) for _, goal, got in seen if got < asked]
-    above = [(got, goal) for _, goal, got in seen if got > asked]
+    side of ``asked`` (linearly; this search's and the ``prior`` ones a memory gave), else the
+    last goal scaled by how far its measurement missed (without one, the prior measurement
+    closest to ``asked``)."""
+    both = [*prior, *seen]
+    below = [(got, goal) for _, goal, got in both if got < asked]
+    above = [(got, goal) for _, goal, got in both if got > asked]
     if below and above:
         (g0, e0), (g1, e1) = max(below), min(above)
         return e0 + (asked - g0) * (e1 - e0) / (g1 - g0)
-    _, goal, got = seen[-1]
+    _, goal, got = seen[-1] if seen else min(prior, key=lambda s: abs(s[2] - asked))
     return goal * asked / max(got, 1e-12)
 
 
 def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
            cost: LatencyModel | None = None, checked: bool = False):
     """The PruneResult whose measured latency meets ``target_latency`` (a fraction of the
-    original's, or milliseconds), with its budget record: asked, achieved (median) and spread,
-    each round's estimate and measurement, and the table's cost. A cut whose forward fails is
+    original's, or milliseconds), with its ``LatencyBudget``: asked, achieved and spread, each
+    round's estimate and measurement, the runtime and the table's cost. SlimmingError where
+    the machine is too noisy to measure it (``NOISE``). A cut whose forward fails is
     ``budget.search``'s case: GraphError, or with ``checked`` returned unmeasured for the
     caller's check to refuse."""
-    kind, asked = parse_latency(target_latency)
+    unit, asked = parse_latency(target_latency)
     sizes = [len(s) for s in plan.scores]
-    est, cost, (full_ms, full_spread) = setup(model, plan, inputs, cost, sizes)
-    goal_ms = asked * full_ms if kind == "fraction" else asked
-    if goal_ms >= full_ms:
+    est, cost, original, key, memory = setup(model, plan, inputs, cost, sizes, PRECISION)
+    if original.relative > NOISE:
+        raise SlimmingError(_too_noisy("the unpruned network's latency", original, NOISE * original.value,
+                                       target_latency), param="target_latency")
+    goal_ms = asked * original.value if unit == "fraction" else asked
+    if goal_ms >= original.value:
         raise SlimmingError(f"target_latency {target_latency} is at or above the unpruned model's measured "
-                            f"{full_ms:.3g} ms: nothing to cut", param="target_latency")
+                            f"{original.value:.3g} ms: nothing to cut", param="target_latency")
     lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
     allowed = allowed_widths(est, limits["round_to"], lows)
-    trial = _Trial(model, plan, inputs, cost, est, kind, asked, goal_ms, checked)
+    trial = _Trial(model, plan, inputs, cost, est, unit, asked, target_latency, checked)
+    prior = [(None, g * original.value, m if unit == "fraction" else m * original.value)
+             for g, m in _pairs(memory.get("seen"))]
 
-    best, estimate_goal, seen = None, goal_ms, []
+    best, seen = None, []
+    estimate_goal = min(_next_goal([], asked, prior), est.total(list(sizes)) * 0.999) if prior else goal_ms
     for i in range(ROUNDS):
         w, reached = greedy(est, plan.scores, allowed, estimate_goal)
         if not reached and i == 0:  # the table sees nothing more to save: measure instead
-            best = _by_measurement(plan, allowed, limits, kind, asked, trial)
+            best = _by_measurement(plan, allowed, limits, unit, asked, trial)
             break
         if any(w == other for other, *_ in seen):
             break  # the goal moved less than one step of the cut: no closer network to time
@@ -192,65 +218,118 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
         if tried[1] is None:
             return tried[0]
         seen.append((w, estimate_goal, tried[1]))
+        if len(trial.rounds) == 1 and not original.samples:
+            _compare(trial.rounds[0], original, memory)
         if best is None or _better(tried[1], best[1], asked, tried[2]):
             best = tried
         if abs(tried[1] - asked) <= tried[2]:
             break
-        estimate_goal = min(_next_goal(seen, asked), est.total(list(sizes)) * 0.999)
-    save_table(cost)
+        estimate_goal = min(_next_goal(seen, asked, prior), est.total(list(sizes)) * 0.999)
     result, got, slack, chosen = best
     if chosen is None:  # a cut that does not run, returned for the check to refuse
         return result
-    result.budget = {"what": "latency", "kind": kind, "asked": asked, "target": goal_ms,
-                     "achieved": chosen["achieved_ms"], "spread": chosen["spread_ms"],
-                     "original": chosen["original_ms"],
-                     "fraction": chosen["fraction"], "fraction_spread": chosen["fraction_spread"],
-                     "full": full_ms, "full_spread": full_spread,
-                     "error": chosen["error"], "met": abs(got - asked) <= slack,
-                     "rounds": trial.rounds, "table": cost.describe() if hasattr(cost, "describe") else {},
-                     "batch": int(inputs[0].shape[0]) if isinstance(inputs[0], torch.Tensor) else None}
+    _remember(cost, key, memory, trial.rounds, original)
+    save_table(cost)
+    result.budget = LatencyBudget(asked, unit, goal_ms, abs(got - asked) <= slack, trial.rounds,
+                                  trial.rounds.index(chosen), getattr(cost, "runtime", "eager"),
+                                  int(inputs[0].shape[0]) if isinstance(inputs[0], torch.Tensor) else None,
+                                  cost.describe() if hasattr(cost, "describe") else {})
     return result
 
 
+def _pairs(seen) -> list[tuple[float, float]]:
+    """The (goal, measured) pairs a memory holds, as fractions; what is not such a pair is
+    left out (a damaged or foreign table)."""
+    if not isinstance(seen, list):
+        return []
+    return [(float(p[0]), float(p[1])) for p in seen if isinstance(p, list) and len(p) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                    for v in p)]
+
+
+def _compare(first: LatencyRound, remembered: timing.Estimate, memory: dict) -> None:
+    """One warning where the original now runs at another speed than when it was remembered
+    (beyond both spreads, and by over ``NOISE``): a busier or quieter machine, whose figures
+    in milliseconds are not the earlier ones (the ratios still are)."""
+    now, then = first.original_ms, remembered.value
+    if abs(now - then) > max(first.original_spread + remembered.spread, NOISE * then):
+        warnings.warn(f"the unpruned network runs at {now:.3g} ms here now, {then:.3g} ms when it was last "
+                      f"timed on this device ({memory.get('when', 'earlier')}): the machine is "
+                      f"{'busier' if now > then else 'quieter'} than then ({timing.machine_load()}); "
+                      "the latency figures are this run's", stacklevel=4)
+
+
+def _remember(cost, key: str, memory: dict, rounds: list[LatencyRound], original: timing.Estimate) -> None:
+    """What the next prune of this network starts from: its latency (the last round's
+    original, or the setup's), and each round's goal against what was measured (fractions of
+    the original's latency), the last ``REMEMBERED``."""
+    if not hasattr(cost, "remember"):
+        return
+    last = rounds[-1]
+    seen = list(memory.get("seen", [])) + [[r.goal_ms / r.original_ms, r.ratio] for r in rounds
+                                           if r.goal_ms is not None and r.original_ms > 0]
+    cost.remember(key, {"ms": last.original_ms, "spread": last.original_spread, "seen": seen[-REMEMBERED:],
+                        "when": time.strftime("%Y-%m-%d %H:%M")})
+
+
+def _too_noisy(what: str, e: timing.Estimate, need: float, asked) -> str:
+    return (f"latency cannot be measured precisely enough here: after {e.samples} samples {what} is "
+            f"{e} ({100 * e.relative:.0f}%), and a budget of {asked} needs +- {need:.2g}; on "
+            f"{timing.machine_load()}. Stop other work, time on fewer threads (torch.set_num_threads(1), "
+            "or OMP_NUM_THREADS=1 on the command line), or measure longer "
+            "(MeasuredLatency(max_seconds=300), --latency-seconds 300)")
+
+
 class _Trial:
-    """One round of ``search``: cut, time against the original, record the round. Called with
-    (masks, threshold, the goal the estimate aimed at), it gives (result, got, slack, the
-    round), the last three None where the cut does not run (``checked``: for the check to
-    refuse). ``rounds``: every round so far."""
+    """One round of ``search``: cut, time against the original (more samples while the ratio
+    cannot resolve the budget), record the round. Called with (masks, threshold, the goal the
+    estimate aimed at), it gives (result, got, slack, the round), the last three None where
+    the cut does not run (``checked``: for the check to refuse). ``rounds``: every round so far."""
 
     def __init__(self, model: nn.Module, plan, inputs: tuple, cost: LatencyModel, est: Estimator,
-                 kind: str, asked: float, goal_ms: float, checked: bool):
+                 unit: str, asked: float, given, checked: bool):
         self.model, self.plan, self.inputs, self.cost, self.est = model, plan, inputs, cost, est
-        self.kind, self.asked, self.goal_ms, self.checked = kind, asked, goal_ms, checked
-        self.rounds: list[dict] = []
+        self.unit, self.asked, self.given, self.checked = unit, asked, given, checked
+        self.rounds: list[LatencyRound] = []
+
+    def _figure(self, samples: list[list[float]]) -> timing.Estimate:
+        """What the budget is judged on: the ratio to the original, or the milliseconds."""
+        r = timing.ratio(*samples)
+        return r if self.unit == "fraction" else timing.scaled(r, timing.estimate(samples[0]))
+
+    def _enough(self, samples: list[list[float]]) -> bool:
+        """Precise enough to resolve the budget, or clearly off it whatever the noise."""
+        e = self._figure(samples)
+        return e.spread <= PRECISION * self.asked or abs(e.value - self.asked) > 3 * e.spread
 
     def __call__(self, masks, threshold, goal: float | None):
         result = self.plan.build(masks, threshold, [])
         try:  # as prune returns it (budget.measured): a cut that does not run is the check's to refuse
             with modes_kept(self.model), modes_kept(result.model):
-                original, pruned = measured(result, lambda m: self.cost.network([self.model, m], self.inputs))
+                samples, _ = measured(result, lambda m: timing.sample(self.cost, [self.model, m], self.inputs,
+                                                                      self._enough))
         except GraphError:
             if not self.checked:
                 raise
-            result.budget = {"what": "latency", "kind": self.kind, "asked": self.asked,
-                             "target": self.goal_ms, "achieved": None}
+            result.budget = None
             return result, None, None, None
-        ratios = [p / o for p, o in zip(pruned, original)]
-        achieved_ms, spread_ms = median_spread(pruned)
-        ratio, ratio_spread = median_spread(ratios)
-        got, spread = (ratio, ratio_spread) if self.kind == "fraction" else (achieved_ms, spread_ms)
-        # how far the median itself may be off: 1.25 sigma / sqrt(n), sigma ~ 1.48 half-IQRs
-        error = 1.86 * spread / math.sqrt(len(ratios))
+        figure = self._figure(samples)
+        if figure.spread > NOISE * self.asked and abs(figure.value - self.asked) <= 3 * figure.spread:
+            what = "the cut's latency over the original's" if self.unit == "fraction" \
+                else "the cut's latency (ms)"
+            raise SlimmingError(_too_noisy(what, figure, NOISE * self.asked, self.given),
+                                param="target_latency")
+        orig, ratio = timing.estimate(samples[0]), timing.ratio(*samples)
+        ms = timing.scaled(ratio, orig)
         estimated = self.est.at_widths({n: layer_widths(result.model.get_submodule(n)) for n in
                                         (layer.name for layer in self.est.layers)})
-        self.rounds.append({"estimated_ms": estimated, "goal_ms": goal, "achieved_ms": achieved_ms,
-                            "original_ms": statistics.median(original), "spread_ms": spread_ms,
-                            "fraction": ratio, "fraction_spread": ratio_spread, "error": error,
-                            "slack": max(error, TOLERANCE * self.asked)})
-        return result, got, self.rounds[-1]["slack"], self.rounds[-1]
+        self.rounds.append(LatencyRound(estimated, goal, ms.value, ms.spread, orig.value, orig.spread,
+                                        ratio.value, ratio.spread, ratio.samples))
+        slack = max(figure.spread, TOLERANCE * self.asked)
+        return result, figure.value, slack, self.rounds[-1]
 
 
-def _by_measurement(plan, allowed, limits: dict, kind: str, asked: float, trial):
+def _by_measurement(plan, allowed, limits: dict, unit: str, asked: float, trial):
     """Where the table sees no cut that reaches the budget (layers that cost their launch more
     than their width: a small network on several threads), NetAdapt's way: the global ranking's
     share of channels cut, bisected on end-to-end measurements alone, the smallest network the
@@ -266,9 +345,9 @@ def _by_measurement(plan, allowed, limits: dict, kind: str, asked: float, trial)
     lo, hi = 0.0, (total - 1) / total
     best = at(hi)
     if best[1] is not None and best[1] > asked + best[2]:
-        unit = " of the original's latency" if kind == "fraction" else " ms"
-        raise SlimmingError(f"a latency of {asked:g}{unit} cannot be met: the smallest network "
-                            f"min_channels, max_layer_prune and round_to allow runs at {best[1]:.3g}{unit}, "
+        what = " of the original's latency" if unit == "fraction" else " ms"
+        raise SlimmingError(f"a latency of {asked:g}{what} cannot be met: the smallest network "
+                            f"min_channels, max_layer_prune and round_to allow runs at {best[1]:.3g}{what}, "
                             "measured (interleaved with the original)",
                             param=("target_latency", "min_channels", "max_layer_prune", "round_to"))
     for _ in range(ROUNDS - 1):

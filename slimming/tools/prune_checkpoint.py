@@ -40,7 +40,7 @@ class PrunedCheckpoint:
         """The pruned checkpoint (rebuilds as ``Net(cfg)``, records its masks and its source);
         ``fields``: more to record (``data``, ``args``)."""
         r, src = self.result, self.source
-        budget = dict(r.budget) or None
+        budget = r.budget.as_dict() if r.budget is not None else None
         if budget and isinstance(budget.get("table"), dict):  # not where this machine keeps its cache
             budget["table"] = {k: v for k, v in budget["table"].items() if k != "path"}
         return checkpoint_dict(r.model, cfg_mask=r.cfg_mask, layer_names=r.layer_names,

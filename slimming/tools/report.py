@@ -39,6 +39,7 @@ from ..io.checkpoint import load_checkpoint, model_from_checkpoint
 from ..measure.stats import input_size_of, model_stats
 from ..models import describe_cfg
 from ..models.layers import factor_width, is_factor_layer
+from ..pruning.records import LatencyBudget
 from ..pruning.select import prunable_factors
 from ..utils.files import write_text
 from . import plots
@@ -258,16 +259,10 @@ def build_report(run: str | Path, latency_repeats: int = 10,
 
 
 def _latency_budget(budget) -> dict | None:
-    """A pruned checkpoint's latency budget record, where its fields are what the report
-    prints (numbers where numbers belong); None for anything else."""
-    if not isinstance(budget, dict) or budget.get("what") != "latency":
-        return None
-    numbers = ("target", "asked", "achieved", "fraction", "fraction_spread", "original", "full")
-    if budget.get("kind") not in ("fraction", "ms") or any(_number(budget.get(k)) is None for k in numbers):
-        return None
-    batch = budget.get("batch")
-    return {**{k: _number(budget[k]) for k in numbers}, "what": "latency", "kind": budget["kind"],
-            "batch": batch if isinstance(batch, int) and not isinstance(batch, bool) else None}
+    """A pruned checkpoint's latency budget record (``LatencyBudget.as_dict``), checked for the
+    fields the report prints; None for anything else."""
+    b = LatencyBudget.from_dict(budget)
+    return None if b is None else b.as_dict()
 
 
 def _ratio(a, b) -> str:
@@ -316,10 +311,12 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
                f"(on {report.get('device', 'cpu')}, median of repeated runs)."]
     b = report.get("budget") or {}
     if b.get("what") == "latency":
-        md += ["", f"Latency budget asked at the cut: {b['target']:.3g} ms ({b['asked']:g}"
-               f"{' of the original' if b['kind'] == 'fraction' else ' ms'}, batch {b.get('batch')}); "
-               f"measured then: {b['fraction']:.3f} +- {b['fraction_spread']:.3f} of the original "
-               f"({b['achieved']:.3g} ms against its {b['original']:.3g} ms, interleaved)."]
+        md += ["", f"Latency budget asked at the cut: {b['target_ms']:.3g} ms ({b['asked']:g}"
+               f"{' of the original' if b['unit'] == 'fraction' else ' ms'}, batch {b.get('batch')}, "
+               f"{b['runtime']}); measured then: {b['ratio']:.3f} +- {b['ratio_spread']:.3f} of the "
+               f"original ({b['ms']:.3g} +- {b['ms_spread']:.2g} ms against its {b['original_ms']:.3g} ms, "
+               "interleaved)"
+               + ("" if b["met"] else ": missed") + "."]
     if report["layers"]:
         thr = report["threshold"]
         md += ["", f"Pruned {report['percent'] if report['percent'] is not None else '-'} of "

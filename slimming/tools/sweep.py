@@ -123,8 +123,10 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
             row["target"] = p
         if axis == "latency":
             b = result.budget
-            row.update(latency_ms=b["achieved"], latency_kept=b["fraction"])
-            rows[0].update(latency_ms=b["full"], latency_kept=1.0)  # the last measurement of it
+            row.update(latency_ms=b.ms, latency_ms_spread=b.ms_spread, latency_kept=b.ratio,
+                       latency_kept_spread=b.ratio_spread, met=b.met)
+            rows[0].update(latency_ms=b.original_ms, latency_ms_spread=b.original_spread,
+                           latency_kept=1.0)  # the last measurement of it
         rows.append(row)
     return rows
 
@@ -143,11 +145,15 @@ def _csv(rows: list[dict]) -> str:
 def _markdown(rows: list[dict]) -> str:
     timed = any("latency_ms" in r for r in rows)
     lines = ["| percent removed | params | params kept | FLOPs | FLOPs kept | "
-             + ("latency (measured) | " if timed else "") + "top-1 (no fine-tune) |",
-             "|---|---|---|---|---|" + ("---|" if timed else "") + "---|"]
+             + ("latency (measured) | of the original's | " if timed else "") + "top-1 (no fine-tune) |",
+             "|---|---|---|---|---|" + ("---|---|" if timed else "") + "---|"]
     for r in rows:
         percent = "0 (unpruned)" if r.get("reference") else f"{r['percent']:g}"
-        latency = f"{r['latency_ms']:.3g} ms ({100 * r['latency_kept']:.1f}%) | " if timed else ""
+        latency = ""
+        if timed:
+            missed = "" if r.get("met", True) else f" (asked {r['target']:g}: missed)"
+            latency = (f"{r['latency_ms']:.3g} +- {r.get('latency_ms_spread', 0):.2g} ms | "
+                       f"{r['latency_kept']:.3f} +- {r.get('latency_kept_spread', 0):.3f}{missed} | ")
         lines.append(f"| {percent} | {r['params'] / 1e6:.3f}M | {100 * r['params_kept']:.1f}% | "
                      f"{r['flops']:.3e} | {100 * r['flops_kept']:.1f}% | {latency}{r['acc']:.2f}% |")
     return "\n".join(lines) + "\n"

@@ -21,6 +21,7 @@ import fcntl
 import os
 import re
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -106,6 +107,20 @@ def append_line(path: str | os.PathLike, line: str) -> None:
     if old and not old.endswith(b"\n"):
         old += b"\n"
     write_bytes(path, old + line.rstrip("\n").encode("utf-8") + b"\n")
+
+
+def read_regular(path: str | os.PathLike, cap: int) -> bytes:
+    """The bytes of ``path`` where it is a regular file of at most ``cap`` bytes (a symlink is
+    not followed, a FIFO or a device is not opened for reading); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > cap:
+            raise OSError(errno.EINVAL, "not a regular file of at most the cap", str(path))
+        data = f.read(cap + 1)
+    if len(data) > cap:  # grew since the check
+        raise OSError(errno.EFBIG, "over the cap", str(path))
+    return data
 
 
 def sweep_temporaries(folder: str | os.PathLike) -> None:
