@@ -1,5 +1,6 @@
 import atexit
 import copy
+import math
 import os
 import random
 import shutil
@@ -15,6 +16,7 @@ from slimming import models
 from slimming.measure import latency
 from slimming.models.layers import is_factor_layer
 from slimming.models.vgg import DEFAULT_CFGS
+from slimming.utils.modules import modes_kept
 
 TINY_VGG = [8, "M", 16, "M", 16, 16, "M", 24, "M", 24]  # 32x32 in, fast on a CPU
 
@@ -134,6 +136,36 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def macs_ms(spec, in_ch: int, out_ch: int) -> float:
+    """A deterministic device: a layer costs its multiply-adds (1e-6 ms each) plus 1e-3."""
+    positions = spec.positions
+    kernel = math.prod(spec.kernel) if spec.kernel else 1
+    reads = 1 if spec.depthwise else in_ch
+    return 1e-6 * positions * kernel * reads * out_ch + 1e-3
+
+
+@pytest.fixture
+def steady_clock(monkeypatch):
+    """``MeasuredLatency`` with a deterministic clock instead of the machine's: a layer costs
+    ``macs_ms``, a network the sum of its layers' (its table, cache, memory, runtime context
+    and records as they are). What a real timing gives is benchmarks' to say: a test that
+    times for real fails on a busy machine, where a latency budget is refused."""
+    def time_layer(self, spec, in_ch, out_ch):
+        return [macs_ms(spec, in_ch, out_ch)] * 7
+
+    def network(self, models, inputs):
+        out = []
+        for m in models:
+            with modes_kept(m):
+                m.eval()
+                specs = latency.layer_specs(m, inputs)
+            out.append([sum(macs_ms(s, s.full_in, s.full_out) for s in specs.values())] * self.repeats)
+        return out
+
+    monkeypatch.setattr(latency.MeasuredLatency, "_time", time_layer)
+    monkeypatch.setattr(latency.MeasuredLatency, "network", network)
 
 
 @pytest.fixture

@@ -189,7 +189,7 @@ def test_help_and_a_typo_answer_without_torch():
             "assert 'torch' in sys.modules\n"
             "from slimming import models, data, pruning\n"
             "from slimming.cli.parser import SHIPPED, SHIPPED_ALIASES\n"
-            "import slimming.data.datasets, slimming.pruning.importance\n"
+            "import slimming.data.datasets, slimming.pruning.importance, slimming.measure.runtimes\n"
             "for (module, name), names in SHIPPED.items():\n"
             "    assert sorted(names) == sorted(getattr(sys.modules[module], name)), (module, name)\n"
             "assert SHIPPED_ALIASES == models.ALIASES\n")

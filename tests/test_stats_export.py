@@ -1,6 +1,7 @@
 """slimming stats and slimming export."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -44,6 +45,24 @@ def test_stats_of_a_pruned_network_shrink_together():
     assert latency_ms(model, 2, repeats=1) > 0
 
 
+def test_networks_compared_are_timed_together_and_their_ratio_holds_on_a_busy_machine(monkeypatch):
+    """compare_stats times the networks in turn, in one run: a busy spell that slows a whole
+    round (both alike, tenfold here) leaves the ratio where it is, and it is printed with its
+    spread; a single latency is the fastest tenth, not the mean a spell drags up."""
+    from slimming.measure import stats as stats_module
+
+    rounds = [1.0] * 8 + [10.0] * 4  # a third of the rounds in a busy spell
+    monkeypatch.setattr(stats_module, "time_interleaved", lambda models, inputs, repeats, warmup:
+                        [[4.0 * r for r in rounds], [1.0 * r for r in rounds]])
+    model = models.build("vgg", cfg=CFG).eval()
+    small = prune(model, percent=0.5).model
+    a, b = stats_module.compare_stats([model, small], repeats=12)
+    assert b["latency_ratio"] == {1: [0.25, 0.0], 64: [0.25, 0.0]} and "latency_ratio" not in a
+    assert a["latency_ms"][1] == pytest.approx(4.0) and b["latency_ms"][64] == pytest.approx(1.0)
+    table = format_stats(a, b, ("before", "after"))
+    assert "0.250x +- 0.000" in table and "4.00 +- 0 ms" in table
+
+
 @pytest.fixture
 def ckpts(tmp_path):
     torch.manual_seed(0)
@@ -57,7 +76,8 @@ def test_stats_cli_compare_and_json(ckpts, capsys):
     assert main(["stats", "--checkpoint", str(ckpts / "big.pth"), "--compare",
                  str(ckpts / "small.pth"), "--repeats", "2", "--cpu"]) == 0
     out = capsys.readouterr().out
-    assert "ratio" in out and "FLOPs" in out and "latency, batch 1" in out
+    assert "ratio" in out and "FLOPs" in out and "latency, batch 1" in out and "timed in turn" in out
+    assert re.search(r"latency, batch 1 .* ms .*x \+- \d", out), out
     assert main(["stats", "--checkpoint", str(ckpts / "big.pth"), "--repeats", "0", "--json",
                  "--cpu"]) == 0
     data = json.loads(capsys.readouterr().out)

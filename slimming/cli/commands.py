@@ -17,14 +17,14 @@ from torch import nn
 from .. import models
 from ..errors import DataError, SlimmingError, clip, first_line, listed
 from ..io.checkpoint import save_checkpoint
-from ..measure.latency import CACHE_ENV, cache_info, clear_cache, layer_latencies
+from ..measure.latency import CACHE_ENV, MeasuredLatency, cache_info, clear_cache, layer_latencies
 from ..measure.stats import (
     channels_last_note,
+    compare_stats,
     count_params,
     format_stats,
     input_size_of,
     latency_ms,
-    model_stats,
 )
 from ..pruning.gates import add_gates
 from ..pruning.importance import get_importance
@@ -154,6 +154,15 @@ def shape_options(args) -> dict:
             "importance": get_importance(getattr(args, "importance", "bn-max"))}
 
 
+def latency_options(args, device: torch.device) -> dict:
+    """The timer of ``--target-latency`` and ``--round-to auto`` (``latency_model``), in the
+    runtime and with the patience the flags give; none where nothing is timed."""
+    if getattr(args, "target_latency", None) is None and args.round_to != "auto":
+        return {}
+    return {"latency_model": MeasuredLatency(device, runtime=args.latency_runtime,
+                                             max_seconds=args.latency_seconds)}
+
+
 def recalibrate(args, model: nn.Module, data, device: torch.device) -> None:
     """``--recalibrate-bn N``: the pruned network's BatchNorm statistics, re-estimated on N
     batches of ``data`` (the loaders of the checkpoint's data, or of the data flags given)."""
@@ -241,7 +250,8 @@ def cmd_prune(args) -> None:
     pruned = prune_checkpoint(args.checkpoint, device=device, **paper, percent=args.percent,
                               threshold=args.threshold, target_flops=args.target_flops,
                               target_params=args.target_params, target_latency=args.target_latency,
-                              batch_size=args.latency_batch, **shape_options(args))
+                              batch_size=args.latency_batch, **shape_options(args),
+                              **latency_options(args, device))
     ckpt, model, result = pruned.source, pruned.original, pruned.result
     table = result.layer_table()
     announce_device(args, device)
@@ -317,7 +327,7 @@ def cmd_stats(args) -> None:
     for model in loaded:
         models.check_input_size(model, size)
     announce_device(args, device)
-    results = [model_stats(model.to(device).eval(), size, repeats=args.repeats) for model in loaded]
+    results = compare_stats([model.to(device).eval() for model in loaded], size, repeats=args.repeats)
     if args.layers:
         x = torch.zeros(1, *size, device=device)
         for model, r in zip(loaded, results):
@@ -327,8 +337,9 @@ def cmd_stats(args) -> None:
         print(json.dumps({str(p): r for p, r in zip(paths, results)}, indent=1))
         return
     print(f"checkpoint: {args.checkpoint}" + (f"\ncompare:    {args.compare}" if args.compare else ""))
-    print(f"on {device}; FLOPs count a multiply-add as two (torch.utils.flop_counter); latency: "
-          f"median of {args.repeats} runs under torch.inference_mode")
+    together = ", the two timed in turn (the ratio: the median of the rounds')" if args.compare else ""
+    print(f"on {device}; FLOPs count a multiply-add as two (torch.utils.flop_counter); latency: the "
+          f"fastest tenth of {args.repeats} runs under torch.inference_mode{together}, +- a 95% spread")
     print(format_stats(results[0], results[1] if args.compare else None, ("checkpoint", "compare")))
     if args.layers:
         print(layer_table(results))
@@ -372,6 +383,7 @@ def cmd_sweep(args) -> None:
     device = device_for(args)
     _, model, train_loader, test_loader = checkpoint_and_data(args, device)
     options = {k: v for k, v in shape_options(args).items() if k != "min_channels"}
+    options.update(latency_options(args, device) if axis == "latency" or args.round_to == "auto" else {})
     if axis == "latency":  # timed at --latency-batch images of the model's size, on its device
         options["example_inputs"] = torch.zeros(args.latency_batch, *input_size_of(model), device=device)
     repair = None

@@ -27,6 +27,7 @@ SHIPPED = {
     ("slimming.pruning.importance", "CRITERIA"): ("bn-max", "bn-mean", "bn-sum"),
     ("slimming.models.registry", "FAMILIES"): ("densenet", "nin", "preresnet", "vgg"),
     ("slimming.models.registry", "ALIASES"): tuple(SHIPPED_ALIASES),
+    ("slimming.measure.runtimes", "RUNTIMES"): ("eager", "export", "onnxruntime"),
 }
 
 
@@ -289,6 +290,13 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
                    "batches (needs the data; 0 = off)")
     g.add_argument("--latency-batch", type=positive_int, default=1, metavar="N",
                    help="the batch --target-latency and --round-to auto time the network at")
+    g.add_argument("--latency-runtime", default="eager",
+                   choices=registered("slimming.measure.runtimes", "RUNTIMES"),
+                   help="what --target-latency and --round-to auto time the network in: PyTorch (eager), "
+                   "torch.export's program (export), or onnxruntime on the CPU (the onnx extra)")
+    g.add_argument("--latency-seconds", type=positive_float, default=60.0, metavar="S",
+                   help="how long one latency measurement may go on taking samples until its spread "
+                   "can tell the budget apart (a busy machine needs more)")
 
 
 def add_prune_flags(p: argparse.ArgumentParser, required: bool, recalibrate: int = 0) -> None:

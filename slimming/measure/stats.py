@@ -1,21 +1,24 @@
 """What a network costs: parameters, FLOPs, size on disk and latency.
 
 FLOPs come from ``torch.utils.flop_counter.FlopCounterMode``, which counts a multiply-add as
-two FLOPs, the paper's convention (CIFAR VGG-19: 7.97e8). Latency is the median wall time of a
-forward pass under ``torch.inference_mode`` after warm-up runs, in milliseconds.
+two FLOPs, the paper's convention (CIFAR VGG-19: 7.97e8). Latency is the wall time of a forward
+pass under ``torch.inference_mode`` after warm-up runs, in milliseconds, as
+``slimming.measure.timing`` estimates it (the fastest tenth of the runs, with its spread);
+networks compared are timed together, in turn, and their ratio is the median of the rounds'.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
-import statistics
-import time
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..utils.modules import modes_kept
+from . import timing
+from .latency import time_interleaved
 
 DEFAULT_INPUT_SIZE = (3, 32, 32)  # CIFAR's: what a network that does not say its own is measured at
 
@@ -51,50 +54,71 @@ def size_on_disk(model: nn.Module) -> int:
 
 
 @torch.inference_mode()
-def latency_ms(model: nn.Module, batch_size: int, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE,
-               warmup: int = 3, repeats: int = 10, channels_last: bool = False) -> float:
-    """Median milliseconds of one forward pass of a batch, on the model's device; with
-    ``channels_last``, model and batch in that memory format (the model is put back after)."""
+def latencies(models: list[nn.Module], batch_size: int, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE,
+              repeats: int = 10, channels_last: bool = False, warmup: int = 3
+              ) -> tuple[list[timing.Estimate], list[timing.Estimate]]:
+    """The latency of each of ``models`` (ms per forward of a batch, on their device) and its
+    ratio to the first's, from ``repeats`` rounds that run each once, in turn (a slow spell of
+    the machine falls on all of them): ``slimming.measure.timing``'s estimates, with spreads.
+    ``channels_last``: models and batch in that memory format (the models put back after)."""
     if channels_last:
         with torch.inference_mode(False):  # the weights, re-laid out, must stay trainable
-            model.to(memory_format=torch.channels_last)
+            for m in models:
+                m.to(memory_format=torch.channels_last)
         try:
-            return latency_ms(model, batch_size, input_size, warmup, repeats)
+            return latencies(models, batch_size, input_size, repeats, False, warmup)
         finally:
             with torch.inference_mode(False):
-                model.to(memory_format=torch.contiguous_format)
-    model.eval()
-    device = _device(model)
+                for m in models:
+                    m.to(memory_format=torch.contiguous_format)
+    device = _device(models[0])
     x = torch.randn(batch_size, *input_size, device=device)
-    if next(model.parameters()).dim() == 4 and next(model.parameters()).is_contiguous(
-            memory_format=torch.channels_last) and len(input_size) == 3:
+    first = next(models[0].parameters())
+    if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last) and len(input_size) == 3:
         x = x.contiguous(memory_format=torch.channels_last)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    for _ in range(warmup):
-        model(x)
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model(x)
-        sync()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+    with contextlib.ExitStack() as kept:
+        for m in models:
+            kept.enter_context(modes_kept(m))
+        samples = time_interleaved(models, (x,), repeats, warmup)
+    return [timing.estimate(s) for s in samples], [timing.ratio(samples[0], s) for s in samples]
+
+
+def latency_ms(model: nn.Module, batch_size: int, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE,
+               warmup: int = 3, repeats: int = 10, channels_last: bool = False) -> float:
+    """Milliseconds of one forward pass of a batch, on the model's device (the fastest tenth of
+    ``repeats``: ``slimming.measure.timing``); with ``channels_last``, in that memory format."""
+    return latencies([model], batch_size, input_size, repeats, channels_last, warmup)[0][0].value
 
 
 def model_stats(model: nn.Module, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE,
                 batch_sizes: tuple[int, ...] = (1, 64), repeats: int = 10) -> dict:
-    """``{"params", "flops", "size_bytes", "latency_ms": {batch: ms},
-    "latency_ms_channels_last": {batch: ms}}`` (the same forward in channels-last memory
+    """``{"params", "flops", "size_bytes", "latency_ms": {batch: ms}, "latency_spread": {batch:
+    ms}, "latency_ms_channels_last": {batch: ms}}`` (the same forward in channels-last memory
     format, which often runs faster on CPUs for thin networks); no latency when ``repeats``
     is 0."""
-    stats = {"params": count_params(model), "flops": count_flops(model, input_size),
-             "size_bytes": size_on_disk(model), "latency_ms": {}, "latency_ms_channels_last": {}}
-    if repeats > 0:
+    return compare_stats([model], input_size, batch_sizes, repeats)[0]
+
+
+def compare_stats(models: list[nn.Module], input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE,
+                  batch_sizes: tuple[int, ...] = (1, 64), repeats: int = 10) -> list[dict]:
+    """``model_stats`` of each of ``models``, their latencies timed together, in turn, so that
+    each but the first also has ``latency_ratio``: ``{batch: [its latency over the first's,
+    spread]}``, the figure two runs agree on within the spread (a busy machine slows whatever
+    runs, so separate timings of two networks can differ by any factor)."""
+    out = [{"params": count_params(m), "flops": count_flops(m, input_size), "size_bytes": size_on_disk(m),
+            "latency_ms": {}, "latency_spread": {}, "latency_ms_channels_last": {}} for m in models]
+    if repeats <= 0:
+        return out
+    for b in batch_sizes:
         for layout, key in ((False, "latency_ms"), (True, "latency_ms_channels_last")):
-            stats[key] = {b: latency_ms(model, b, input_size, repeats=repeats, channels_last=layout)
-                          for b in batch_sizes}
-    return stats
+            times, ratios = latencies(models, b, input_size, repeats, channels_last=layout)
+            for stats, t, r in zip(out, times, ratios):
+                stats[key][b] = t.value
+                if not layout:
+                    stats["latency_spread"][b] = t.spread
+                    if stats is not out[0]:
+                        stats.setdefault("latency_ratio", {})[b] = [r.value, r.spread]
+    return out
 
 
 def channels_last_note(stats: dict, gain: float = 1.1) -> str | None:
@@ -110,19 +134,20 @@ def channels_last_note(stats: dict, gain: float = 1.1) -> str | None:
             "(channels_last=True when training, --channels-last)")
 
 
-def _fmt(key: str, value: float) -> str:
+def _fmt(key: str, value: float, spread: float | None = None) -> str:
     if key == "params":
         return f"{value / 1e6:.3f}M"
     if key == "flops":
         return f"{value:.3e}"
     if key == "size_bytes":
         return f"{value / 2**20:.2f} MiB"
-    return f"{value:.2f} ms"
+    return f"{value:.2f} ms" if spread is None else f"{value:.2f} +- {spread:.2g} ms"
 
 
 def format_stats(stats: dict, other: dict | None = None,
                  names: tuple[str, str] = ("model", "compare")) -> str:
-    """A text table of ``stats``; with ``other``, both side by side and the ratio other/stats."""
+    """A text table of ``stats``; with ``other``, both side by side and the ratio other/stats
+    (a latency's from ``compare_stats``, timed together, with its spread)."""
     rows = [("parameters", "params"), ("FLOPs (multiply-add = 2)", "flops"),
             ("size on disk", "size_bytes")]
     lat = [(f"latency, batch {b}", ("latency_ms", b)) for b in stats["latency_ms"]]
@@ -135,9 +160,13 @@ def format_stats(stats: dict, other: dict | None = None,
     for label, key in rows + lat:
         kind = key if isinstance(key, str) else "latency"
         a = get(stats, key)
-        line = f"{label:<26}{_fmt(kind, a):>16}"
+        spread = stats.get("latency_spread", {}).get(key[1]) if kind == "latency" else None
+        line = f"{label:<26}{_fmt(kind, a, spread):>16}"
         if other is not None:
             b = get(other, key)
-            line += f"{_fmt(kind, b):>16}{b / a:>9.3f}x"
+            theirs = other.get("latency_spread", {}).get(key[1]) if spread is not None else None
+            line += f"{_fmt(kind, b, theirs):>16}"
+            ratio = other.get("latency_ratio", {}).get(key[1]) if kind == "latency" else None
+            line += f"{ratio[0]:>9.3f}x +- {ratio[1]:.3f}" if ratio else f"{b / a:>9.3f}x"
         lines.append(line)
     return "\n".join(lines)

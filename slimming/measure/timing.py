@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 QUANTILE = 0.1  # the estimate: the fastest tenth of the samples
 RESAMPLES = 200  # bootstrap resamples for a spread (a few ms of Python for 100 samples)
@@ -94,18 +95,22 @@ def scaled(r: Estimate, base: Estimate) -> Estimate:
 
 
 def sample(cost, models: Sequence, inputs: tuple, enough: Callable[[list[list[float]]], bool],
-           max_samples: int = MAX_SAMPLES) -> tuple[list[list[float]], bool]:
+           max_samples: int = MAX_SAMPLES, desc: str = "latency") -> tuple[list[list[float]], bool]:
     """Samples (ms) of each of ``models``, interleaved, from ``cost.network``: one call, then
     more while ``enough(samples)`` is false, at most ``max_samples`` per model and the timer's
-    ``max_seconds`` (``MAX_SECONDS`` for one that does not say). Returns the samples and
-    whether they were enough."""
+    ``max_seconds`` (``MAX_SECONDS`` for one that does not say), counted on a progress bar
+    (``desc``; a terminal only). Returns the samples and whether they were enough."""
     cap = getattr(cost, "max_seconds", MAX_SECONDS)
     start = time.perf_counter()
-    out = [list(s) for s in cost.network(models, inputs)]
-    while not enough(out):
-        if len(out[0]) >= max_samples or time.perf_counter() - start > cap:
-            return out, False
-        out = [a + list(b) for a, b in zip(out, cost.network(models, inputs))]
+    with tqdm(desc=desc, unit="round", leave=False, dynamic_ncols=True,
+              disable=None if hasattr(cost, "max_seconds") else True) as bar:
+        out = [list(s) for s in cost.network(models, inputs)]
+        bar.update(len(out[0]))
+        while not enough(out):
+            if len(out[0]) >= max_samples or time.perf_counter() - start > cap:
+                return out, False
+            out = [a + list(b) for a, b in zip(out, cost.network(models, inputs))]
+            bar.update(len(out[0]) - bar.n)
     return out, True
 
 

@@ -5,7 +5,8 @@ of layers, by the rules of ``slimming.models.layers``, in ``layer_calls``), whic
 (``importance``: the criteria; ``select``: one global threshold; ``budget``: a FLOPs or
 parameter target; ``speed``: a latency target measured on the device, ranked by ``estimate``,
 a network's latency from a lookup table of its layers, which also finds the widths at the top
-of a latency step; ``records``: what a budget asked and achieved), and how to cut them (``surgery`` along the graph, or a family's own walk),
+of a latency step; ``records``: what a budget asked and achieved), and how to cut them
+(``surgery`` along the graph, or a family's own walk),
 then folding what the cut channels still gave into the next layers (``repair``) and checking
 the pruned network against the original with the cut channels zeroed (``verify``; what that
 means for a LayerNorm that loses channels: ``norms``). ``prune`` composes them into

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from ..measure import timing
 from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs
@@ -230,10 +231,32 @@ def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, size
             original = timing.Estimate(float(memory["ms"]), float(memory["spread"]), 0)
         else:
             samples, _ = timing.sample(cost, [model], inputs, lambda s: noise is None or
-                                       timing.estimate(s[0]).relative <= noise)
+                                       timing.estimate(s[0]).relative <= noise, desc="latency: the original")
             original = timing.estimate(samples[0])
     layers = probe(plan, model, specs)
+    fill(cost, layers)
     return Estimator(layers, cost, sizes, original.value), cost, original, key, memory
+
+
+def fill(cost: LatencyModel, layers: list[TimedLayer]) -> None:
+    """Time every width the estimate will ask of ``layers`` that the table lacks, up front and
+    with a progress bar: each layer at full widths, and where a group moves one of its widths,
+    at every ``grid`` width of that side (a depthwise layer: of both at once)."""
+    wanted = []
+    for layer in layers:
+        s = layer.spec
+        wanted.append((s, s.full_in, s.full_out))
+        if s.depthwise and (layer.ins or layer.outs):
+            wanted += [(s, w, max(1, round(w * s.full_out / s.full_in))) for w in grid(s.full_in)]
+        elif not s.depthwise:
+            wanted += [(s, w, s.full_out) for w in grid(s.full_in) if layer.ins]
+            wanted += [(s, s.full_in, w) for w in grid(s.full_out) if layer.outs]
+    known = getattr(cost, "entries", None)
+    if known is not None:  # a table: only what it lacks is timed, and counted on the bar
+        wanted = [w for w in dict.fromkeys(wanted) if w[0].key(w[1], w[2]) not in known]
+    for spec, i, o in tqdm(wanted, desc="latency table", unit="layer", leave=False, dynamic_ncols=True,
+                           disable=None if known is not None and wanted else True):
+        cost.layer(spec, i, o)
 
 
 def network_key(model: nn.Module, inputs: tuple, specs: dict[str, LayerSpec]) -> str:

@@ -306,8 +306,9 @@ class _Trial:
         result = self.plan.build(masks, threshold, [])
         try:  # as prune returns it (budget.measured): a cut that does not run is the check's to refuse
             with modes_kept(self.model), modes_kept(result.model):
-                samples, _ = measured(result, lambda m: timing.sample(self.cost, [self.model, m], self.inputs,
-                                                                      self._enough))
+                samples, _ = measured(result, lambda m: timing.sample(
+                    self.cost, [self.model, m], self.inputs, self._enough,
+                    desc=f"latency: cut {len(self.rounds) + 1} against the original"))
         except GraphError:
             if not self.checked:
                 raise

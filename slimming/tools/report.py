@@ -36,7 +36,7 @@ from torch import nn
 
 from ..errors import SlimmingError, clip
 from ..io.checkpoint import load_checkpoint, model_from_checkpoint
-from ..measure.stats import input_size_of, model_stats
+from ..measure.stats import compare_stats, input_size_of
 from ..models import describe_cfg
 from ..models.layers import factor_width, is_factor_layer
 from ..pruning.records import LatencyBudget
@@ -230,14 +230,17 @@ def build_report(run: str | Path, latency_repeats: int = 10,
         epochs = ckpt.get("epoch")
         if not isinstance(epochs, int) or isinstance(epochs, bool) or not 0 <= epochs <= MAX_EPOCH:
             epochs = None
-        size = input_size_of(model)  # what it was trained at
-        stats = model_stats(model.to(device), size, repeats=latency_repeats)
-        model.cpu()
-        stages[name] = {"checkpoint": str(path), "acc": acc, "epochs": epochs,
-                        "cfg": model.cfg, **stats}
+        stages[name] = {"checkpoint": str(path), "acc": acc, "epochs": epochs, "cfg": model.cfg}
     if not stages:
         raise SlimmingError(f"{run}: holds no checkpoint (best.pth, last.pth or pruned.pth) and no "
                             "stage folder with one (baseline/, sparse/, pruned/, finetuned/)")
+    timed = list(models.values())  # together, in turn: the stages' ratios hold on a busy machine
+    size = input_size_of(timed[0])  # what it was trained at
+    together = compare_stats([m.to(device) for m in timed], size, repeats=latency_repeats)
+    for name, stats in zip(models, together):
+        stages[name].update(stats)
+    for m in timed:
+        m.cpu()
     report["curves"], report["skipped_rows"] = {}, {}
     for name in TRAINED:
         if name not in folders:
@@ -267,6 +270,18 @@ def _latency_budget(budget) -> dict | None:
 
 def _ratio(a, b) -> str:
     return f"{b / a:.3f}x" if a else "-"
+
+
+def _timed(before: dict, after: dict, batch: int) -> str:
+    """``after``'s latency over ``before``'s at ``batch``, from their rounds' ratios to the first
+    stage timed (``compare_stats``), with the spread: the ratio of the two stages' ratios."""
+    first = [1.0, 0.0]
+    a, b = (s.get("latency_ratio", {}).get(batch, first if s.get("latency_ms", {}).get(batch) else None)
+            for s in (before, after))
+    if a is None or b is None or not a[0]:
+        return "-"
+    value = b[0] / a[0]
+    return f"{value:.3f}x +- {value * math.hypot(a[1] / a[0], b[1] / b[0] if b[0] else 0):.3f}"
 
 
 def write_report(report: dict, run: str | Path) -> list[Path]:
@@ -306,9 +321,9 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
     if before and after and before is not after:
         md += ["", f"After / before: parameters {_ratio(before['params'], after['params'])}, "
                f"FLOPs {_ratio(before['flops'], after['flops'])}, latency batch 1 "
-               f"{_ratio(before['latency_ms'].get(1), after['latency_ms'].get(1))}, batch 64 "
-               f"{_ratio(before['latency_ms'].get(64), after['latency_ms'].get(64))} "
-               f"(on {report.get('device', 'cpu')}, median of repeated runs)."]
+               f"{_timed(before, after, 1)}, batch 64 {_timed(before, after, 64)} "
+               f"(on {report.get('device', 'cpu')}, the stages timed together, in turn: the median of "
+               "the rounds' ratios, +- a 95% spread)."]
     b = report.get("budget") or {}
     if b.get("what") == "latency":
         md += ["", f"Latency budget asked at the cut: {b['target_ms']:.3g} ms ({b['asked']:g}"

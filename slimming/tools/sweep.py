@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from ..errors import SlimmingError
 from ..measure.stats import DEFAULT_INPUT_SIZE, count_flops, count_params
@@ -107,9 +108,9 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
              "reference": True}]
     keyword = {"percent": "percent", "flops": "target_flops", "params": "target_params",
                "latency": "target_latency"}[axis]
-    for p in sorted(set(percents)):
-        if p == 0:
-            continue
+    points = [p for p in sorted(set(percents)) if p != 0]
+    for p in tqdm(points, desc=f"sweep ({axis})", unit="point", leave=False, dynamic_ncols=True,
+                  disable=None):
         result = prune(model, **{keyword: p}, min_channels=min_channels, **(options or {}))
         if repair is not None:
             repair(result.model)
