@@ -5,8 +5,8 @@ achieved over asked latency, prune time with the lookup table's cost (cold and w
 For each network, thread count and batch: the gammas are shaped as sparsity training leaves
 them (half near zero, seeded), then
 - ``target_latency=L``: its own record (asked, achieved, spread, rounds), then an independent
-  interleaved measurement of original and pruned (``--repeats`` pairs, median ratio and half
-  the interquartile range);
+  interleaved measurement of original and pruned (``--repeats`` pairs: the median of the pairs'
+  ratios and its 95% bootstrap spread, ``slimming.measure.timing``);
 - ``target_flops=F``, F the FLOPs fraction the latency cut kept (the same FLOPs), measured the
   same way: at the same FLOPs, which cut runs faster;
 - with ``torch_pruning`` installed (not a dependency), its magnitude pruner at the same FLOPs
@@ -163,11 +163,11 @@ def one(name: str, threads: int, batch: int, args) -> dict:
                                  **keywords)
             row[f"prune_s_{cache}"] = time.perf_counter() - start
         b = lat.budget
-        row["record"] = {k: b[k] for k in ("achieved", "spread", "fraction", "fraction_spread", "full",
-                                           "met")}
-        row["rounds"] = len(b["rounds"])
-        row["rounds_detail"] = b["rounds"]
-        row["table"] = {k: b["table"][k] for k in ("entries", "measured", "seconds", "size")}
+        row["record"] = {"fraction": b.ratio, "fraction_spread": b.ratio_spread, "ms": b.ms,
+                         "original_ms": b.original_ms, "met": b.met}
+        row["rounds"] = len(b.rounds)
+        row["rounds_detail"] = b.as_dict()["rounds"]
+        row["table"] = {k: b.table[k] for k in ("entries", "measured", "seconds", "size")}
         flops_lat = count_flops(lat.model, size)
         row["latency_cut"] = {"flops_ratio": flops0 / flops_lat,
                               **interleaved(model, lat.model, x, args.repeats)}

@@ -27,6 +27,8 @@ API = {
     "checkpoint_dict": "io.checkpoint", "load_checkpoint": "io.checkpoint", "load_model": "io.checkpoint",
     "save_checkpoint": "io.checkpoint", "load_pruned": "io.pruned", "save_pruned": "io.pruned",
     "count_flops": "measure.stats", "count_params": "measure.stats", "model_stats": "measure.stats",
+    "compare_stats": "measure.stats", "MeasuredLatency": "measure.latency",
+    "CountBudget": "pruning.records", "LatencyBudget": "pruning.records",
     "LayerRule": "models.layers", "register_layer": "models.layers", "unfreeze_batchnorms": "models.layers",
     "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
     "add_gates": "pruning.gates", "register_op": "pruning.trace",
@@ -106,6 +108,7 @@ sys.modules[__name__].__class__ = _Package
 
 __all__ = ["__version__", "BNSparsity", "Sparsity", "add_gates", "importance", "CheckpointError", "DataError",
            "LayerRule", "PruneResult", "SlimmingError", "register_layer", "register_op",
+           "CountBudget", "LatencyBudget", "MeasuredLatency", "compare_stats",
            "add_l1_subgradient", "channel_masks", "checkpoint_dict", "count_flops", "count_params",
            "load_checkpoint", "load_model", "load_pruned", "model_stats", "prunable_bns", "prunable_factors",
            "prune", "save_checkpoint", "save_pruned", "unfreeze_batchnorms"]

@@ -324,3 +324,28 @@ def test_sweep_takes_latency_budgets_from_the_command_line(tmp_path, capsys, one
     assert all(r["latency_ms"] > 0 and 0 < r["latency_kept"] <= 1 for r in rows)
     assert "latency (measured)" in (tmp_path / "sweep" / "sweep.md").read_text()
     assert "latency_kept" in (tmp_path / "sweep" / "sweep.csv").read_text().splitlines()[0]
+
+
+def test_under_a_latency_budget_widths_are_multiples_of_8_unless_asked_otherwise(one_thread):
+    """The default under a latency budget is round_to=8, the channel blocks vector units run:
+    where the table sees no saving and the share of channels is bisected on measurements
+    (a small network on several threads), the global ranking alone would leave any width (a
+    stem of 64 cut to 1 on a busy machine), and does with round_to=1; FLOPs budgets keep the
+    paper's widths."""
+
+    class Launch(StepLatency):
+        def layer(self, spec, in_ch, out_ch):
+            return 1e3
+
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, 14)
+    x = torch.randn(1, 3, 64, 64)
+    default = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch())
+    widths = default.layer_table()
+    assert all(rd.goal_ms is None for rd in default.budget.rounds)  # bisected on measurements
+    assert all(a % 8 == 0 or a == b for _, b, a in widths), widths
+    assert any(a < b for _, b, a in widths) and default.budget.ratio <= 0.5 * (1 + TOLERANCE)
+    plain = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch(), round_to=1)
+    assert any(a % 8 for _, b, a in plain.layer_table() if a < b)
+    flops = slimming.prune(model, target_flops=0.5, example_inputs=x)
+    assert any(a % 8 for _, b, a in flops.layer_table() if a < b)

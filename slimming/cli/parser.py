@@ -269,10 +269,11 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
                    "bn-mean and bn-sum average or add a group's |gamma|")
     g.add_argument("--min-channels", type=positive_int, default=1,
                    help="channels every layer keeps at least")
-    g.add_argument("--round-to", type=round_to, default=1, metavar="K",
+    g.add_argument("--round-to", type=round_to, default=None, metavar="K",
                    help="every pruned width a multiple of K (never above the original; the "
                    "extra channels are the best-scoring ones); auto: the widest width of each step "
-                   "of the layer's latency, timed on this device")
+                   "of the layer's latency, timed on this device (default: 1, and 8 with "
+                   "--target-latency)")
     g.add_argument("--max-layer-prune", type=_number(float, 0.0, False, "in (0, 1]", high=1.0 + 1e-12),
                    default=1.0, metavar="F", help="no layer loses more than this fraction of its channels")
     g.add_argument("--no-compensate", dest="compensate", action="store_false",

@@ -195,7 +195,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           min_channels: int = 1, *, importance: Importance | str | None = None,
           example_inputs: torch.Tensor | None = None, ignore=(),
           surgery: str = "auto", target_flops: float | None = None,
-          target_params: float | None = None, round_to: int | str = 1, max_layer_prune: float = 1.0,
+          target_params: float | None = None, round_to: int | str | None = None, max_layer_prune: float = 1.0,
           compensate: bool = True, keep_whole=(), verify: bool = True,
           target_latency: float | str | None = None, latency_model=None,
           cut_heads: bool = True, output_transform: Callable | None = None) -> PruneResult:
@@ -216,7 +216,9 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
       ``LatencyModel``; default ``MeasuredLatency`` on the model's device).
     Then ``min_channels``, ``max_layer_prune`` (the largest fraction any layer loses) and
     ``round_to`` (every width a multiple of it, never above the original; ``"auto"``: the
-    widest width of a step of each layer's measured latency staircase) may keep more.
+    widest width of a step of each layer's measured latency staircase; default 1, and 8 under
+    a latency budget: the channel blocks vector units and kernels run, ``ROUND_FOR_SPEED``)
+    may keep more.
 
     ``importance`` scores channels: an ``Importance`` or the name of one (default ``"bn-max"``:
     |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
@@ -251,6 +253,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     importance = _criterion(importance)
     how = dict(percent=percent, threshold=threshold, target_flops=target_flops, target_params=target_params,
                target_latency=target_latency, latency_model=latency_model)
+    if round_to is None:  # the paper's exact widths, or under a latency budget widths that run fast
+        round_to = ROUND_FOR_SPEED if target_latency is not None else 1
     _check_arguments(surgery, round_to, how, output_transform)
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
@@ -270,6 +274,9 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     if isinstance(example, torch.Tensor):  # save_pruned keeps it: load_pruned's forward
         result.model._slimming_example_shape = tuple(example.shape)
     return result
+
+
+ROUND_FOR_SPEED = 8  # round_to's default under a latency budget (benchmarks/RESULTS.md, "Latency", widths)
 
 
 def _check_arguments(surgery: str, round_to, how: dict, output_transform) -> None:
