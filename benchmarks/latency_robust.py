@@ -90,7 +90,8 @@ def retime(folder: Path, name: str, threads: int, repeats: int) -> dict:
     """In this (fresh) process: each cut saved in ``folder`` against a freshly built original,
     interleaved pairs in eager and in onnxruntime."""
     torch.set_num_threads(threads)
-    original = build(name)
+    original = build(name)  # the very weights the cuts came from (tiny gammas: tiny activations)
+    original.load_state_dict(torch.load(folder / "original.pt", weights_only=True))
     x = torch.randn(1, 3, 224, 224)
     out = {}
     for path in sorted(folder.glob("*.pth")):
@@ -169,6 +170,7 @@ def one(name: str, threads: int, n_load: int, args) -> dict:
         folder.mkdir()
         for k, m in cuts.items():  # the peer's too: save_pruned keeps any network's widths
             slimming.save_pruned(m, folder / f"{k}.pth")
+        torch.save(model.state_dict(), folder / "original.pt")
         out = subprocess.run([sys.executable, __file__, "--retime", str(folder), "--nets", name,
                               "--threads", str(threads), "--repeats", str(args.repeats)],
                              capture_output=True, text=True, check=True)

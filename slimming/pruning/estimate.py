@@ -227,8 +227,9 @@ def setup(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None, size
         specs = layer_specs(model, inputs)
         key = network_key(model, inputs, specs)
         memory = (cost.recall(key) if hasattr(cost, "recall") else None) or {}
-        if noise is not None and _number(memory.get("ms")) > 0 and _number(memory.get("spread")) >= 0:
-            original = timing.Estimate(float(memory["ms"]), float(memory["spread"]), 0)
+        ms, spread = _number(memory.get("ms")), _number(memory.get("spread"))
+        if noise is not None and ms > 0 and 0 <= spread <= noise * ms:
+            original = timing.Estimate(ms, spread, 0)
         else:
             samples, _ = timing.sample(cost, [model], inputs, lambda s: noise is None or
                                        timing.estimate(s[0]).relative <= noise, desc="latency: the original")

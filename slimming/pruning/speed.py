@@ -166,18 +166,16 @@ def _better(got: float, other: float, asked: float, slack: float) -> bool:
     return other > asked + slack and got < other
 
 
-def _next_goal(seen: list[tuple], asked: float, prior: list[tuple] = ()) -> float:
+def _next_goal(seen: list[tuple], asked: float) -> float:
     """The estimate's next goal: between the two closest goals whose measurements fell either
-    side of ``asked`` (linearly; this search's and the ``prior`` ones a memory gave), else the
-    last goal scaled by how far its measurement missed (without one, the prior measurement
-    closest to ``asked``)."""
-    both = [*prior, *seen]
-    below = [(got, goal) for _, goal, got in both if got < asked]
-    above = [(got, goal) for _, goal, got in both if got > asked]
+    side of ``asked`` (linearly), else the goal of the last (the closest, for a memory's)
+    scaled by how far its measurement missed."""
+    below = [(got, goal) for _, goal, got in seen if got < asked]
+    above = [(got, goal) for _, goal, got in seen if got > asked]
     if below and above:
         (g0, e0), (g1, e1) = max(below), min(above)
         return e0 + (asked - g0) * (e1 - e0) / (g1 - g0)
-    _, goal, got = seen[-1] if seen else min(prior, key=lambda s: abs(s[2] - asked))
+    _, goal, got = seen[-1]
     return goal * asked / max(got, 1e-12)
 
 
@@ -192,7 +190,7 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
     unit, asked = parse_latency(target_latency)
     sizes = [len(s) for s in plan.scores]
     est, cost, original, key, memory = setup(model, plan, inputs, cost, sizes, PRECISION)
-    if original.relative > NOISE:
+    if original.relative > NOISE and original.samples:
         raise SlimmingError(_too_noisy("the unpruned network's latency", original, NOISE * original.value,
                                        target_latency), param="target_latency")
     goal_ms = asked * original.value if unit == "fraction" else asked
@@ -206,7 +204,10 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
              for g, m in _pairs(memory.get("seen"))]
 
     best, seen = None, []
-    estimate_goal = min(_next_goal([], asked, prior), est.total(list(sizes)) * 0.999) if prior else goal_ms
+    # a memory's pairs give the first goal; this network's own measurements the next ones (the
+    # table or the gammas may have moved since, and a stale pair must not hold the goal still)
+    prior.sort(key=lambda p: -abs(p[2] - asked))
+    estimate_goal = min(_next_goal(prior, asked), est.total(list(sizes)) * 0.999) if prior else goal_ms
     for i in range(ROUNDS):
         w, reached = greedy(est, plan.scores, allowed, estimate_goal)
         if not reached and i == 0:  # the table sees nothing more to save: measure instead
@@ -224,11 +225,11 @@ def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
             best = tried
         if abs(tried[1] - asked) <= tried[2]:
             break
-        estimate_goal = min(_next_goal(seen, asked, prior), est.total(list(sizes)) * 0.999)
+        estimate_goal = min(_next_goal(seen, asked), est.total(list(sizes)) * 0.999)
     result, got, slack, chosen = best
     if chosen is None:  # a cut that does not run, returned for the check to refuse
         return result
-    _remember(cost, key, memory, trial.rounds, original)
+    _remember(cost, key, memory, trial)
     save_table(cost)
     result.budget = LatencyBudget(asked, unit, goal_ms, abs(got - asked) <= slack, trial.rounds,
                                   trial.rounds.index(chosen), getattr(cost, "runtime", "eager"),
@@ -259,17 +260,20 @@ def _compare(first: LatencyRound, remembered: timing.Estimate, memory: dict) -> 
                       "the latency figures are this run's", stacklevel=4)
 
 
-def _remember(cost, key: str, memory: dict, rounds: list[LatencyRound], original: timing.Estimate) -> None:
-    """What the next prune of this network starts from: its latency (the last round's
-    original, or the setup's), and each round's goal against what was measured (fractions of
-    the original's latency), the last ``REMEMBERED``."""
+def _remember(cost, key: str, memory: dict, trial: _Trial) -> None:
+    """What the next prune of this network starts from: its latency (every round's samples of
+    the original, pooled, where that is precise), and each round's goal against what was
+    measured (fractions of the original's latency), the last ``REMEMBERED``."""
     if not hasattr(cost, "remember"):
         return
-    last = rounds[-1]
-    seen = list(memory.get("seen", [])) + [[r.goal_ms / r.original_ms, r.ratio] for r in rounds
-                                           if r.goal_ms is not None and r.original_ms > 0]
-    cost.remember(key, {"ms": last.original_ms, "spread": last.original_spread, "seen": seen[-REMEMBERED:],
-                        "when": time.strftime("%Y-%m-%d %H:%M")})
+    seen = list(_pairs(memory.get("seen"))) + [(r.goal_ms / r.original_ms, r.ratio) for r in trial.rounds
+                                               if r.goal_ms is not None and r.original_ms > 0]
+    record = {**memory, "seen": [list(p) for p in seen[-REMEMBERED:]],
+              "when": time.strftime("%Y-%m-%d %H:%M")}
+    original = timing.estimate(trial.originals)
+    if original.relative <= PRECISION:
+        record.update(ms=original.value, spread=original.spread)
+    cost.remember(key, record)
 
 
 def _too_noisy(what: str, e: timing.Estimate, need: float, asked) -> str:
@@ -291,6 +295,7 @@ class _Trial:
         self.model, self.plan, self.inputs, self.cost, self.est = model, plan, inputs, cost, est
         self.unit, self.asked, self.given, self.checked = unit, asked, given, checked
         self.rounds: list[LatencyRound] = []
+        self.originals: list[float] = []  # every round's samples of the original, pooled
 
     def _figure(self, samples: list[list[float]]) -> timing.Estimate:
         """What the budget is judged on: the ratio to the original, or the milliseconds."""
@@ -320,6 +325,7 @@ class _Trial:
                 else "the cut's latency (ms)"
             raise SlimmingError(_too_noisy(what, figure, NOISE * self.asked, self.given),
                                 param="target_latency")
+        self.originals += samples[0]
         orig, ratio = timing.estimate(samples[0]), timing.ratio(*samples)
         ms = timing.scaled(ratio, orig)
         estimated = self.est.at_widths({n: layer_widths(result.model.get_submodule(n)) for n in
