@@ -97,7 +97,7 @@ def part_c() -> dict:
         start = time.perf_counter()
         result = slimming.prune(model, target_flops=0.5)
         rows[f"{arch}-{options['depth']}"] = {"full": full, "budget": 0.5 * full,
-                                              "achieved": result.budget["achieved"],
+                                              "achieved": result.budget.achieved,
                                               "seconds": round(time.perf_counter() - start, 2)}
     return rows
 

@@ -380,7 +380,7 @@ def main() -> None:
     prune_s = time.perf_counter() - start
     small = result.model
     pruned = {"map50": evaluate(small, test_x, test_t), **costs(small), "prune_s": prune_s,
-              "channels_cut": result.budget["percent"], "compensation": result.compensation}
+              "channels_cut": result.budget.percent, "compensation": result.compensation}
     print(f"pruned to {args.target_flops:.0%} of the FLOPs in {prune_s:.2f} s: mAP@0.5 "
           f"{pruned['map50']:.3f}, {pruned['params'] / 1e6:.3f}M params, {pruned['flops'] / 1e6:.1f}M FLOPs",
           flush=True)

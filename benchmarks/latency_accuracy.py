@@ -42,7 +42,7 @@ NETS = {  # name: (train flags, sparsity epochs, sparsity strength, the classifi
 
 
 def ratio(a: nn.Module, b: nn.Module, x: torch.Tensor, repeats: int) -> float:
-    """b's latency over a's: the median of interleaved pairs."""
+    """b's latency over a's: the median of the interleaved pairs' ratios."""
     ta, tb = time_interleaved([a, b], (x,), repeats)
     return timing.ratio(ta, tb).value
 
@@ -114,7 +114,7 @@ def one(net: str, seed: int, args) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         lat = slimming.prune(model, target_latency=args.target, example_inputs=x, ignore=ignore)
-        goal = lat.budget["fraction"]
+        goal = lat.budget.ratio
         cuts = {"target_latency": (lat.model, args.target)}
         fl = bisect(lambda c: slimming.prune(model, target_flops=1 - c, example_inputs=x[:1],
                                              ignore=ignore).model, model, x, goal, 0.02, 0.95)

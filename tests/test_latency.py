@@ -4,6 +4,7 @@ latency model: every assertion is about behaviour, none about time. The real tim
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -349,3 +350,18 @@ def test_under_a_latency_budget_widths_are_multiples_of_8_unless_asked_otherwise
     assert any(a % 8 for _, b, a in plain.layer_table() if a < b)
     flops = slimming.prune(model, target_flops=0.5, example_inputs=x)
     assert any(a % 8 for _, b, a in flops.layer_table() if a < b)
+
+
+def test_the_command_line_says_when_a_cut_leaves_widths_off_multiples_of_8(tmp_path, capsys):
+    from slimming import checkpoint_dict, save_checkpoint
+    from slimming.cli import main
+
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 64, "M", 64, "M", 64]).eval()
+    sparsity_shaped(model, 15)
+    save_checkpoint(checkpoint_dict(model), tmp_path / "sparse.pth")
+    args = ["prune", "--checkpoint", str(tmp_path / "sparse.pth"), "--percent", "0.43", "--cpu", "--no-eval"]
+    assert main([*args, "--save", str(tmp_path / "plain")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"note: \d+ of the \d+ layers cut have widths that are not multiples of 8", out), out
+    assert main([*args, "--round-to", "8", "--save", str(tmp_path / "eight")]) == 0
+    assert "multiples of 8" not in capsys.readouterr().out

@@ -344,3 +344,35 @@ def test_the_command_line_prunes_to_a_latency_in_onnxruntime(tmp_path, capsys, o
               "--latency-runtime", "tvm", "--save", str(tmp_path / "no"), "--cpu"])
     assert e.value.code == 2
     assert "invalid choice: 'tvm'" in capsys.readouterr().err and not (tmp_path / "no").exists()
+
+
+def test_the_cache_command_counts_and_empties_only_its_own_tables(tmp_path, monkeypatch, capsys):
+    """slimming cache --clear through a symlinked latency/ deletes nothing where it points, and
+    in the folder itself only the tables (a JSON file of the user's stays)."""
+    from slimming.cli import main
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "0123456789abcdef.json").write_text("{}")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "latency").symlink_to(elsewhere)
+    monkeypatch.setenv(latency.CACHE_ENV, str(tmp_path / "cache"))
+    assert main(["cache", "--clear"]) == 0 and "removed 0 latency table(s)" in capsys.readouterr().out
+    assert (elsewhere / "0123456789abcdef.json").exists()
+    monkeypatch.setenv(latency.CACHE_ENV, str(tmp_path / "own"))
+    t = MeasuredLatency("cpu")
+    t.remember("k", {"ms": 1.0})
+    t.save()
+    (t.path.parent / "notes.json").write_text("{}")
+    assert latency.cache_info()[1] == 1
+    assert main(["cache", "--clear"]) == 0 and not t.path.exists() and (t.path.parent / "notes.json").exists()
+
+
+def test_a_grouped_layer_narrower_and_slower_is_believed(tmp_path, monkeypatch):
+    """A grouped convolution cut narrower can have fewer groups (gcd of the widths) and more
+    work per channel: slower for real, timed once and written, not taken for noise."""
+    monkeypatch.setenv(latency.CACHE_ENV, str(tmp_path))
+    spec = latency.spec_of(nn.Conv2d(32, 32, 3, groups=8), torch.randn(1, 32, 8, 8))
+    t = Recorded(lambda i, o, n: [1.0] * 7 if (i, o) == (32, 32) else [2.0] * 7, device="cpu")
+    t.layer(spec, 32, 32)
+    assert t.layer(spec, 28, 32) == 2.0 and t.timed.count((28, 32)) == 1 and not t.noisy

@@ -146,6 +146,20 @@ def prune_warnings(model: nn.Module, result, min_channels: int, ask: str = "--pe
     return notes  # the library itself warns of a model without sparsity (prune.little_sparsity)
 
 
+def unaligned(model: nn.Module, pruned: nn.Module, multiple: int = 8) -> tuple[int, int]:
+    """(layers the cut left at a width that is not a multiple of ``multiple``, layers it cut):
+    convolutions and linear layers, by name, either side."""
+    before = {n: m for n, m in model.named_modules() if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))}
+    odd = cut = 0
+    for name, m in pruned.named_modules():
+        if name in before and isinstance(m, (nn.modules.conv._ConvNd, nn.Linear)):
+            old, new = (before[name].weight.shape[:2], m.weight.shape[:2])
+            changed = [w for w, v in zip(new, old) if w != v]
+            cut += bool(changed)
+            odd += any(w % multiple for w in changed)
+    return odd, cut
+
+
 def shape_options(args) -> dict:
     """What every cut respects (``slimming.prune``'s keywords), from the flags."""
     return {"min_channels": args.min_channels, "round_to": args.round_to,
@@ -222,7 +236,7 @@ def latency_lines(b) -> str:
              f"{b.best.samples} interleaved samples each): achieved {got} in the same rounds), in "
              f"{len(b.rounds)} measured round(s)"]
     if not b.met:
-        lines.append("the measured latency missed the budget by more than its spread (or 2%) after "
+        lines.append("the measured latency missed the budget by more than its spread (or 5%) after "
                      "correcting: the cut's steps are coarser than the budget's precision here")
     if t:
         kept = f", {t['size']} in {t['path']} (slimming cache --clear empties it)" if t.get("path") else ""
@@ -311,6 +325,11 @@ def cmd_prune(args) -> None:
                 if getattr(args, k) is not None), "--percent")
     for note in prune_warnings(model, result, args.min_channels, ask):
         print(f"slimming prune: warning: {note}", file=sys.stderr)
+    odd, cut = unaligned(model, result.model)
+    if odd and args.round_to is None:
+        print(f"note: {odd} of the {cut} layers cut have widths that are not multiples of 8; onnxruntime "
+              "(and some CPU kernels) run such widths slowly, at times slower than the unpruned network "
+              "(docs/commands.md, Three limits): --round-to 8 keeps them aligned")
     save_checkpoint(pruned.checkpoint(data=data_of(ckpt), args=plain_args(args, leave_out=DEVICE_FLAGS)), out)
     if measured is not None:
         write_eval(args.save, measured)

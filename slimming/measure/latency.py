@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -38,8 +39,10 @@ MAX_TABLE_BYTES = 16 * 2**20  # a table file over this is not read (a table is a
 LAYER_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)  # what the table times; others: the rest
 TABLE_FORMAT = 2  # 2: low quantiles, noisy timings left out (1's medians are not read)
 LAYER_NOISE = 0.25  # a layer's samples agree when their median is within 25% of their low quantile
+LAYER_JITTER_MS = 0.01  # or within 10 us: a layer of a few microseconds jitters by that, busy or not
 LAYER_TRIES = 3  # samples of a layer taken at most this many times over while they disagree
 SLOWER = 1.25  # a layer timed narrower but this much slower than at its full widths is timed again
+TABLE_NAME = re.compile(r"[0-9a-f]{16}\.json")  # a table's file name: its context's digest
 
 
 def cache_dir() -> Path:
@@ -50,17 +53,27 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "slimming" / "latency"
 
 
+def _tables(folder: Path) -> list[Path]:
+    """The table files in ``folder``: regular files named as slimming names them (16 hex digits,
+    ``.json``), in a folder that is not a symlink (what it points to is not slimming's to count
+    or empty)."""
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    return [f for f in folder.iterdir()
+            if TABLE_NAME.fullmatch(f.name) and f.is_file() and not f.is_symlink()]
+
+
 def cache_info() -> tuple[Path, int, int]:
     """(folder, number of tables, bytes) of the latency cache."""
     folder = cache_dir()
-    files = list(folder.glob("*.json")) if folder.is_dir() else []
+    files = _tables(folder)
     return folder, len(files), sum(f.stat().st_size for f in files)
 
 
 def clear_cache() -> int:
-    """Remove every latency table; returns the bytes freed."""
+    """Remove every latency table (only those, never through a symlink); returns the bytes freed."""
     folder, _, size = cache_info()
-    for f in folder.glob("*.json") if folder.is_dir() else ():
+    for f in _tables(folder):
         f.unlink(missing_ok=True)
     return size
 
@@ -251,7 +264,8 @@ class MeasuredLatency:
 
     A layer's figure is the low quantile of its samples (``timing``); samples that disagree by
     more than ``LAYER_NOISE`` are taken again (``LAYER_TRIES`` times), and a layer timed narrower
-    yet slower than at its full widths is timed again; what stays noisy is used for this prune
+    yet slower than at its full widths is timed again (not a grouped one: narrower, it may have
+    fewer groups, and be slower for real); what stays noisy is used for this prune
     but never written to the table (``noisy``), so that one busy spell does not steer later
     prunes. ``measured``/``seconds``: the layer timings this object made and what they took;
     ``path``: its table's file, which also keeps what ``remember`` is told of each network."""
@@ -308,7 +322,8 @@ class MeasuredLatency:
             self.measured += 1
             self.dirty = True
             full = spec.key(spec.full_in, spec.full_out)
-            if key != full and full in self.entries and self.entries[key] > SLOWER * self.entries[full]:
+            if key != full and full in self.entries and self.entries[key] > SLOWER * self.entries[full] \
+                    and spec.groups <= 1:  # a grouped layer narrower may have fewer groups: truly slower
                 self._again(spec, key, full, in_ch, out_ch)
         return self.entries[key]
 
@@ -360,8 +375,10 @@ class MeasuredLatency:
 
 
 def _agrees(samples: list[float]) -> bool:
-    """A layer's samples agree: their median within ``LAYER_NOISE`` of their low quantile."""
-    return statistics.median(samples) <= (1 + LAYER_NOISE) * timing.low_quantile(samples)
+    """A layer's samples agree: their median within ``LAYER_NOISE`` of their low quantile (or
+    within ``LAYER_JITTER_MS``)."""
+    low = timing.low_quantile(samples)
+    return statistics.median(samples) <= max((1 + LAYER_NOISE) * low, low + LAYER_JITTER_MS)
 
 
 def layer_latencies(model: nn.Module, inputs: tuple, cost: LatencyModel | None = None) -> list[tuple]:

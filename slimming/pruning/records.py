@@ -91,7 +91,7 @@ class LatencyBudget(_Keyed):
     """A latency budget: ``asked`` in ``unit`` ("fraction" of the original's, or "ms"),
     ``target_ms`` what it means here; ``rounds`` every measurement, ``chosen`` the one
     returned, whose figures ``ms``, ``ratio``, ``original_ms`` (and spreads) are; ``achieved``
-    and ``spread`` in the asked's unit; ``met``: within the spread (or 2%) of the budget or
+    and ``spread`` in the asked's unit; ``met``: within the spread (or 5%) of the budget or
     under it. ``runtime`` and ``batch``: what was timed; ``table``: the lookup table's cost and
     context (device, torch, threads)."""
 
