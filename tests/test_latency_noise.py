@@ -376,3 +376,35 @@ def test_a_grouped_layer_narrower_and_slower_is_believed(tmp_path, monkeypatch):
     t = Recorded(lambda i, o, n: [1.0] * 7 if (i, o) == (32, 32) else [2.0] * 7, device="cpu")
     t.layer(spec, 32, 32)
     assert t.layer(spec, 28, 32) == 2.0 and t.timed.count((28, 32)) == 1 and not t.noisy
+
+
+def test_the_table_each_measurement_and_each_sweep_point_show_progress(monkeypatch, steady_clock, one_thread):
+    """What a latency prune and a sweep spend their time on is counted on a progress bar (a
+    terminal only: tqdm's own rule): the table's layers, each measurement's rounds, the points."""
+    import tqdm as tqdm_module
+
+    from slimming.pruning import estimate
+    from slimming.tools import sweep as sweep_module
+
+    bars = []
+
+    class Seen(tqdm_module.tqdm):
+        def __init__(self, *a, **k):
+            k["disable"] = k.get("disable") is True  # shown here whatever the terminal
+            super().__init__(*a, **k)
+            bars.append(self)
+
+    for module in (timing, estimate, sweep_module):
+        monkeypatch.setattr(module, "tqdm", Seen)
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 32, "M", 32, "M", 32]).eval()
+    sparsity_shaped(model, 16)
+    r = slimming.prune(model, target_latency=0.6, latency_model=MeasuredLatency("cpu", cache=False))
+    table = [b for b in bars if b.desc == "latency table"]
+    assert len(table) == 1 and table[0].n == table[0].total == r.budget.table["measured"] > 0
+    rounds = [b for b in bars if b.desc.startswith("latency: cut ")]
+    assert [b.n for b in rounds] == [rd.samples for rd in r.budget.rounds]
+    assert any(b.desc == "latency: the original" and b.n >= 12 for b in bars)
+    bars.clear()
+    data = [(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))]
+    sweep_module.sweep(model, data, torch.device("cpu"), [0.3, 0.6], axis="percent")
+    assert [b.n for b in bars if b.desc == "sweep (percent)"] == [2]
