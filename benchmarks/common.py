@@ -44,6 +44,20 @@ def out_folder(text: str) -> Path:
     return path
 
 
+def record_rows(rows, line, out: Path | None) -> list[dict]:
+    """Each row of ``rows`` (an iterable that measures as it goes) printed as ``line(row)`` as it
+    comes, and the JSON file ``out`` rewritten with every row so far: a later failure keeps them."""
+    import json
+
+    kept = []
+    for row in rows:
+        kept.append(row)
+        print(line(row), flush=True)
+        if out:
+            out.write_text(json.dumps(kept, indent=1))
+    return kept
+
+
 def run(*argv) -> float:
     """``slimming ARGV...`` in this process (printed first); the seconds it took. Exits the
     benchmark when the stage fails."""

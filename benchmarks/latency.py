@@ -18,7 +18,6 @@ The table's cache goes to a temporary folder, so "cold" is a first run on this m
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -27,7 +26,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import guarded, parser, positive_int, sparsity_shaped
+from common import guarded, parser, positive_int, record_rows, sparsity_shaped
 from torch import nn
 
 import slimming
@@ -224,17 +223,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="a JSON file for the rows")
     args = p.parse_args()
     os.environ.setdefault("SLIMMING_CACHE_DIR", tempfile.mkdtemp(prefix="slimming-latency-"))
-    rows = []
-    for name in args.nets:
-        for threads in args.threads:
-            for batch in args.batches:
-                row = one(name, threads, batch, args)
-                rows.append(row)
-                print(line(row), flush=True)
-                if args.out:  # as each row comes in: a later failure keeps them
-                    args.out.write_text(json.dumps(rows, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=1))
+    record_rows((one(name, threads, batch, args) for name in args.nets for threads in args.threads
+                 for batch in args.batches), line, args.out)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import guarded, parser, positive_int, sparsity_shaped
+from common import guarded, parser, positive_int, record_rows, sparsity_shaped
 from latency import torch_pruning_at
 from torch import nn
 
@@ -212,15 +212,8 @@ def main() -> None:
     if args.retime is not None:
         print(json.dumps(retime(args.retime, args.nets[0], args.threads[0], args.repeats)))
         return
-    rows = []
-    for name in args.nets:
-        for threads in args.threads:
-            for n in args.load:
-                row = one(name, threads, n, args)
-                rows.append(row)
-                print(line(row), flush=True)
-                if args.out:  # as each row comes in: a later failure keeps them
-                    args.out.write_text(json.dumps(rows, indent=1))
+    record_rows((one(name, threads, n, args) for name in args.nets for threads in args.threads
+                 for n in args.load), line, args.out)
 
 
 if __name__ == "__main__":

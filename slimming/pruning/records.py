@@ -114,29 +114,13 @@ class LatencyBudget(_Keyed):
     def best(self) -> LatencyRound:
         return self.rounds[self.chosen]
 
-    @property
-    def ms(self) -> float:
-        return self.best.ms
-
-    @property
-    def ms_spread(self) -> float:
-        return self.best.ms_spread
-
-    @property
-    def original_ms(self) -> float:
-        return self.best.original_ms
-
-    @property
-    def original_spread(self) -> float:
-        return self.best.original_spread
-
-    @property
-    def ratio(self) -> float:
-        return self.best.ratio
-
-    @property
-    def ratio_spread(self) -> float:
-        return self.best.ratio_spread
+    # the chosen round's figures, read off it
+    ms = property(lambda self: self.best.ms)
+    ms_spread = property(lambda self: self.best.ms_spread)
+    original_ms = property(lambda self: self.best.original_ms)
+    original_spread = property(lambda self: self.best.original_spread)
+    ratio = property(lambda self: self.best.ratio)
+    ratio_spread = property(lambda self: self.best.ratio_spread)
 
     @property
     def achieved(self) -> float:
