@@ -15,9 +15,11 @@ setup(
                 "fine-tuning (Liu et al., ICCV 2017)",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    # the networks are slimming.models (slimming/models/): never a top-level "models" package,
-    # which would clash with the models/ folder of the paper's repository and of YOLOv5 checkouts
-    packages=find_packages(include=["slimming", "slimming.*"]),
+    # the network families live in the top-level models/ folder and install as slimming.models:
+    # never a top-level "models" package, which would clash with the models/ folder of the
+    # paper's repository and of YOLOv5 checkouts
+    packages=[*find_packages(include=["slimming", "slimming.*"]), "slimming.models"],
+    package_dir={"slimming.models": "models"},
     python_requires=">=3.10",
     install_requires=[
         # >= 2.10: older releases have code-execution holes in the weights_only loader

@@ -126,7 +126,7 @@ def gate_stats(model, loader) -> dict:
     mean L2 norm of the input columns of the layers they feed (which can grow while a gate
     shrinks: the paper's objection to a bare scaling factor), and the test accuracy right after
     a cut to half the FLOPs (no fine-tune)."""
-    from slimming.models.gates import ATTR
+    from slimming.layers.gates import ATTR
 
     gates, columns = [], []
     for m in model.modules():

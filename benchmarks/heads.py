@@ -18,7 +18,7 @@ from common import guarded, parser, positive_int, sparsity_shaped
 
 import slimming
 from slimming.cli.parser import fraction
-from slimming.models.gates import gated_layers
+from slimming.layers.gates import gated_layers
 
 NETWORKS = ["vit_tiny_patch16_224", "deit_small_patch16_224", "swin_tiny_patch4_window7_224",
             "eva02_tiny_patch14_224", "beit_base_patch16_224"]

@@ -48,7 +48,7 @@ from common import guarded, parser, positive_int, sparsity_shaped
 from torch import nn
 
 import slimming
-from slimming.models.layers import ChannelGate, is_factor_layer
+from slimming.layers.rules import ChannelGate, is_factor_layer
 from slimming.pruning.norms import kept_statistics
 from slimming.pruning.ops import leaves
 from slimming.pruning.verify import check

@@ -7,19 +7,28 @@ mistake in the input raises ``SlimmingError`` (a ValueError) with a one-line mes
 
 The parts, as folders, and which may import which: the table in ``docs/layout.md``, the one
 place the rule is written (``tests/test_layout.py`` holds it equal to what it enforces). The
-modules of the flat layout before 0.2 (``slimming.graph``, ``slimming.checkpoint``, ...) still
-import, as aliases of their new homes (``OLD_PATHS``), until 0.3.
+modules of the flat layout before 0.2 (``slimming.graph``, ``slimming.checkpoint``, ...) and the
+layer modules once in ``slimming.models`` (``slimming.models.layers``, ...) still import, as
+aliases of their new homes (``OLD_PATHS``), until 0.3.
 """
 
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 import types
 import warnings
 
 from .errors import CheckpointError, DataError, SlimmingError
 from .version import __version__
+
+_STALE = os.path.join(os.path.dirname(__file__), "models")
+if os.path.isdir(_STALE) and not os.path.exists(os.path.join(_STALE, "__init__.py")):
+    # a checkout from before the families moved to the top-level models/ folder keeps its
+    # caches in slimming/models/, which Python would then import as an empty slimming.models
+    raise ImportError(f"{_STALE} is left over from an older checkout (the networks are the top-level "
+                      "models/ folder now): delete it")
 
 # the package's face, imported when first used (PEP 562), so that ``slimming --help`` and the
 # parts that need no torch start at once: name -> the module that defines it
@@ -29,7 +38,7 @@ API = {
     "count_flops": "measure.stats", "count_params": "measure.stats", "model_stats": "measure.stats",
     "compare_stats": "measure.stats", "MeasuredLatency": "measure.latency",
     "CountBudget": "pruning.records", "LatencyBudget": "pruning.records",
-    "LayerRule": "models.layers", "register_layer": "models.layers", "unfreeze_batchnorms": "models.layers",
+    "LayerRule": "layers.rules", "register_layer": "layers.rules", "unfreeze_batchnorms": "layers.rules",
     "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
     "add_gates": "pruning.gates", "register_op": "pruning.trace",
     "prunable_bns": "pruning.select", "prunable_factors": "pruning.select",
@@ -37,7 +46,7 @@ API = {
     "add_l1_subgradient": "training.sparsity",
 }
 MODULES = {"importance": "pruning.importance", **{part: part for part in (
-    "cli", "data", "io", "measure", "models", "pruning", "tools", "training", "utils")}}
+    "cli", "data", "io", "layers", "measure", "models", "pruning", "tools", "training", "utils")}}
 
 
 def __getattr__(name: str):
@@ -68,6 +77,9 @@ OLD_PATHS = {
     "loaders": "data.loaders", "packed": "data.packed", "recipes": "data.recipes",
     "export": "tools.export", "sweep": "tools.sweep", "report": "tools.report",
     "plots": "tools.plots", "commands": "cli.commands", "pipeline": "cli.pipeline",
+    # after 0.2.0, what slimming knows about layers left the network families (slimming.models)
+    "models.layers": "layers.rules", "models.gates": "layers.gates", "models.baked": "layers.baked",
+    "models.attention": "layers.attention",
 }
 
 
@@ -82,7 +94,7 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = f"{__name__}.{OLD_PATHS[spec.name[len(__name__) + 1:]]}"
-        warnings.warn(f"{spec.name} is {new} since 0.2 (the old path goes in 0.3): import {new}; "
+        warnings.warn(f"{spec.name} is {new} now (the old path goes in 0.3): import {new}; "
                       "README, Upgrading, lists the names that moved", FutureWarning, stacklevel=2)
         module = importlib.import_module(new)
         spec.loader_state = module.__spec__  # importlib sets __spec__ to the alias's: put it back
@@ -92,7 +104,7 @@ class _OldPaths(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module.__spec__ = module.__spec__.loader_state
 
     def get_code(self, fullname):  # python -m slimming.graph: a module, not a program
-        raise ImportError(f"{fullname} is {__name__}.{OLD_PATHS[fullname[len(__name__) + 1:]]} since 0.2, "
+        raise ImportError(f"{fullname} is {__name__}.{OLD_PATHS[fullname[len(__name__) + 1:]]} now, "
                           "a module and not a program: the commands are `slimming --help`")
 
 

@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from slimming import models
+from slimming.layers.rules import is_factor_layer
 from slimming.measure import latency
-from slimming.models.layers import is_factor_layer
 from slimming.models.vgg import DEFAULT_CFGS
 from slimming.utils.modules import modes_kept
 
@@ -81,7 +81,7 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
 
 def normalises(module: nn.Module) -> bool:
     """A LayerNorm, or a layer whose rule normalises over its channels (an RMSNorm)."""
-    from slimming.models.layers import RULES, module_kind
+    from slimming.layers.rules import RULES, module_kind
 
     kind = module_kind(module)
     return isinstance(module, nn.LayerNorm) or (kind is not None and RULES[kind].normalises)

@@ -20,7 +20,7 @@ from conftest import refiled, rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
-from slimming.models.baked import BAKED, Conv2dSame, baked_layers
+from slimming.layers.baked import BAKED, Conv2dSame, baked_layers
 
 timm = pytest.importorskip("timm")
 from timm.layers import GroupNormAct, ScaledStdConv2d, StdConv2d, StdConv2dSame  # noqa: E402

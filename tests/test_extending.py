@@ -245,8 +245,8 @@ class _Layer(torch.nn.Module):
 ], ids=["name-empty", "name-int", "dim-7", "dim-str", "gates-at-int", "base-importance"])
 def test_extension_points_refuse_what_they_cannot_use_in_one_line(call, param):
     """Hostile round 5: each a SlimmingError naming its parameter, nothing registered."""
-    before = dict(slimming.models.layers.RULES)
+    before = dict(slimming.layers.rules.RULES)
     with pytest.raises(SlimmingError) as e:
         call()
     assert e.value.params == (param,) and "\n" not in str(e.value)
-    assert dict(slimming.models.layers.RULES) == before
+    assert dict(slimming.layers.rules.RULES) == before

@@ -14,7 +14,7 @@ from conftest import rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
-from slimming.models.layers import is_factor_layer
+from slimming.layers.rules import is_factor_layer
 
 
 class GroupNormHead(nn.Module):

@@ -13,8 +13,8 @@ from test_factors import LN_NETWORKS, TinyConvNeXt, TinyViT, cut_at_random
 from torch import nn
 
 import slimming
-from slimming.models.gates import fold, gated_layers
-from slimming.models.layers import ChannelGate, HeadGate
+from slimming.layers.gates import fold, gated_layers
+from slimming.layers.rules import ChannelGate, HeadGate
 from slimming.pruning.graph import GraphError
 from slimming.pruning.trace import trace
 from slimming.pruning.verify import TOLERANCE, check

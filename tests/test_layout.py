@@ -17,13 +17,14 @@ BELOW = {  # part -> the parts it may import (besides itself): docs/layout.md's 
     "utils": {"errors"},
     "data": {"utils", "errors"},
     "models": {"utils", "errors"},
+    "layers": {"utils", "errors"},
     "measure": {"utils", "errors"},
-    "io": {"measure", "models", "utils", "errors"},
-    "pruning": {"models", "measure", "utils", "errors"},
-    "training": {"data", "io", "pruning", "measure", "models", "utils", "errors"},
-    "tools": {"training", "data", "io", "pruning", "measure", "models", "utils", "errors"},
-    "cli": {"tools", "training", "data", "io", "pruning", "measure", "models", "utils", "errors",
-            "version"},
+    "io": {"measure", "layers", "models", "utils", "errors"},
+    "pruning": {"layers", "models", "measure", "utils", "errors"},
+    "training": {"data", "io", "pruning", "measure", "layers", "models", "utils", "errors"},
+    "tools": {"training", "data", "io", "pruning", "measure", "layers", "models", "utils", "errors"},
+    "cli": {"tools", "training", "data", "io", "pruning", "measure", "layers", "models", "utils",
+            "errors", "version"},
 }
 
 
@@ -51,7 +52,7 @@ def test_each_part_names_its_modules_and_leaves_the_rule_to_the_table():
     """A part's docstring names each of its modules (``runs``, ``trace``, ``ops``) and points to
     docs/layout.md for what it may import, instead of writing the rule again."""
     wrong = []
-    for init in sorted(REPO.glob("slimming/*/__init__.py")):
+    for init in [*sorted(REPO.glob("slimming/*/__init__.py")), REPO / "models" / "__init__.py"]:
         name, doc = init.parent.name, ast.get_docstring(ast.parse(init.read_text())) or ""
         if name != "models":  # models names its families as a kind, not one by one
             wrong += [f"{name} does not name {m.stem}" for m in sorted(init.parent.glob("*.py"))
@@ -62,10 +63,13 @@ def test_each_part_names_its_modules_and_leaves_the_rule_to_the_table():
 
 
 def modules() -> dict[str, tuple[Path, bool]]:
-    """module name -> (file, is a package)."""
+    """module name -> (file, is a package); the top-level models/ folder is slimming.models
+    (setup.py's package_dir)."""
     found = {}
-    for path in REPO.glob("slimming/**/*.py"):
+    for path in [*REPO.glob("slimming/**/*.py"), *REPO.glob("models/**/*.py")]:
         parts = list(path.relative_to(REPO).with_suffix("").parts)
+        if parts[0] == "models":
+            parts.insert(0, "slimming")
         package = parts[-1] == "__init__"
         found[".".join(parts[:-1] if package else parts)] = (path, package)
     return found
@@ -202,8 +206,40 @@ def test_top_level_holds_only_the_package_face():
     assert sorted(p.name for p in (REPO / "slimming").glob("*.py")) == [
         "__init__.py", "__main__.py", "errors.py", "version.py"]
     for name, (path, package) in MODULES.items():
-        if package and name.count(".") == 1 and name != "slimming.models":
+        if package and name.count(".") == 1:
             assert ast.get_docstring(ast.parse(path.read_text())), f"{name} says nothing of itself"
+
+
+def test_the_families_are_the_top_level_models_folder_installed_as_slimming_models(tmp_path):
+    """The brief's top level (setup.py, README.md, slimming, models, tests, notebooks): models/
+    holds the network families and only them, installed as slimming.models; from anywhere but
+    the repository there is no top-level ``models`` to import (it would clash with the paper's
+    repository's and YOLOv5's)."""
+    assert {"setup.py", "README.md", "slimming", "models", "tests", "notebooks"} <= {
+        p.name for p in REPO.iterdir()}
+    assert not (REPO / "slimming" / "models").exists()
+    assert sorted(p.stem for p in (REPO / "models").glob("*.py")) == [
+        "__init__", "common", "densenet", "external", "nin", "preresnet", "registry", "vgg"]
+    code = ("import importlib.util, pathlib, slimming.models as m\n"
+            "print(pathlib.Path(m.__file__).parent.name, importlib.util.find_spec('models'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["models", "None"]
+
+
+def test_a_checkout_left_with_the_old_models_folder_says_what_to_delete(tmp_path):
+    """A checkout from before the move keeps slimming/models/__pycache__, which Python would
+    import as an empty namespace slimming.models: import slimming names the folder instead."""
+    package = tmp_path / "slimming"
+    (package / "models" / "__pycache__").mkdir(parents=True)
+    for name in ("__init__.py", "errors.py", "version.py"):
+        (package / name).write_text((REPO / "slimming" / name).read_text())
+    out = subprocess.run([sys.executable, "-c", "import slimming"], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert out.returncode == 1
+    assert f"{package / 'models'} is left over from an older checkout" in out.stderr
+    (package / "models" / "__init__.py").write_text("")  # an installed package: its folder is whole
+    assert subprocess.run([sys.executable, "-c", "import slimming"], cwd=tmp_path).returncode == 0
 
 
 def test_old_paths_are_the_new_modules():

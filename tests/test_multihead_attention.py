@@ -1,4 +1,4 @@
-"""``torch.nn.MultiheadAttention`` as slimming cuts it (``slimming.models.attention``): its
+"""``torch.nn.MultiheadAttention`` as slimming cuts it (``slimming.layers.attention``): its
 forward in the steps a hand-written attention takes computes what torch's does, whatever the
 arguments; networks built on it (torchvision's ViT, ``nn.TransformerEncoder``) lose tokens'
 channels and whole heads exactly, and load back into a fresh instance; a cross-attention, which
@@ -12,7 +12,7 @@ from conftest import rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
-from slimming.models.attention import MultiheadAttention, decomposed
+from slimming.layers.attention import MultiheadAttention, decomposed
 
 torchvision = pytest.importorskip("torchvision")
 

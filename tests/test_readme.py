@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import slimming
-from slimming.models import layers
+from slimming.layers import rules as layers
 from slimming.pruning import speed
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,7 +17,7 @@ from conftest import rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
-from slimming.models.gates import gated_layers
+from slimming.layers.gates import gated_layers
 from slimming.pruning.trace import trace
 
 torchvision = pytest.importorskip("torchvision")

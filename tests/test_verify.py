@@ -14,7 +14,7 @@ from test_trace_hostile import PATTERNS, example, plain, run
 from torch import nn
 
 import slimming
-from slimming.models import layers
+from slimming.layers import rules as layers
 from slimming.pruning import ops
 from slimming.pruning.graph import GraphError
 

@@ -11,7 +11,7 @@ Format (``version`` 1)::
      "widths": {"module.attribute": int} (a pruned torchvision/timm/user network: the
                integer attributes the cut set, such as an attention's num_heads),
      "baked": [layer names] (of such a network: layers whose forward computed their weight,
-              weight standardisation, made the plain layers they ran: slimming.models.baked),
+              weight standardisation, made the plain layers they ran: slimming.layers.baked),
      "state_dict": {...}, "epoch": completed epochs, "acc": test accuracy (%), "best_acc": ...,
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
@@ -35,19 +35,12 @@ from torch import nn
 
 from .. import models
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
-from ..models.attention import thinned
-from ..models.baked import baked_layers, rebake
+from ..layers.attention import thinned
+from ..layers.baked import baked_layers, rebake
+from ..layers.gates import attach, gated_layers
+from ..layers.resize import int_attributes, resize_like, set_int_attributes
 from ..models.common import ChannelSelect
-from ..models.external import (
-    check_forward,
-    check_kwargs,
-    int_attributes,
-    is_external,
-    is_user_code,
-    resize_like,
-    set_int_attributes,
-)
-from ..models.gates import attach, gated_layers
+from ..models.external import check_forward, check_kwargs, is_external, is_user_code
 from ..utils.modules import unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 from .paper import from_paper
@@ -255,7 +248,7 @@ def model_from_checkpoint(ckpt: dict, path: str | os.PathLike = "checkpoint") ->
 
 def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     """A torchvision/timm/user network: built on the meta device from its builder and options,
-    given the widths its state_dict holds (``external.resize_like``), then filled."""
+    given the widths its state_dict holds (``slimming.layers.resize``), then filled."""
     arch, cfg, sd = ckpt["arch"], ckpt.get("cfg"), ckpt["state_dict"]
     for name, width in (cfg or {}).items():  # the declared widths against the weights, first
         stats = sd.get(f"{name}.running_mean", sd.get(f"{name}.weight"))
@@ -288,7 +281,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
 
 def _gated(model: nn.Module, ckpt: dict, path) -> None:
     """The gates a checkpoint of a run with ``--gates`` says its network had, put back before
-    its weights are loaded (``slimming.models.gates``)."""
+    its weights are loaded (``slimming.layers.gates``)."""
     try:
         if ckpt.get("gates"):
             attach(model, ckpt["gates"])

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
-from ..models.attention import thinned
-from ..models.baked import baked_layers, rebake
-from ..models.external import int_attributes, resize_like, set_int_attributes
+from ..layers.attention import thinned
+from ..layers.baked import baked_layers, rebake
+from ..layers.resize import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
 from .checkpoint import check_values, match_dtypes
@@ -63,7 +63,7 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     example = {"example_shape": list(shape)} if _example_shape(shape) else {}
     # buffers outside the state_dict (persistent=False: EVA's k_bias) the cut may have narrowed
     loose = {n: b for n, b in model.named_buffers() if n not in state}
-    baked = baked_layers(model)  # layers that computed their weight, now plain (slimming.models.baked)
+    baked = baked_layers(model)  # layers that computed their weight, now plain (slimming.layers.baked)
     save_checked({"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
                   "state_dict": state, **({"buffers": loose} if loose else {}),
                   **({"baked": baked} if baked else {})}, path)

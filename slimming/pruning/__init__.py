@@ -1,7 +1,7 @@
 """Pruning: which channels go together (``graph``: the channel graph, built by ``trace`` from one
 real forward that ``capture`` runs and records; the handlers of what each torch op does to
 channels are in ``ops``, ``reshape`` (views, permutations, attention heads) and ``index``, and
-of layers, by the rules of ``slimming.models.layers``, in ``layer_calls``), which to cut
+of layers, by the rules of ``slimming.layers.rules``, in ``layer_calls``), which to cut
 (``importance``: the criteria; ``select``: one global threshold; ``budget``: a FLOPs or
 parameter target; ``speed``: a latency target measured on the device, ranked by ``estimate``,
 a network's latency from a lookup table of its layers, which also finds the widths at the top

@@ -1,4 +1,4 @@
-"""``slimming.add_gates``: a per-channel scaling factor (``slimming.models.gates``) where a width
+"""``slimming.add_gates``: a per-channel scaling factor (``slimming.layers.gates``) where a width
 has none, found by the trace or named by the user, and a gate per attention head."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import SlimmingError, clip
-from ..models.gates import attach, gated_layers
+from ..layers.gates import attach, gated_layers
 from ..utils.modules import eager_model
 from .prune import default_example
 from .trace import trace

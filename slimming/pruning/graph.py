@@ -9,7 +9,7 @@ Element-wise ops, pooling and activations pass the map on; a depthwise convoluti
 on (and is cut with it); a concatenation joins maps; a residual addition, or an element-wise
 product such as squeeze-and-excitation's, *ties* the spaces of its operands (union-find):
 their channels must be cut together. A set of tied spaces is a ``Group``; every scaling factor
-(a BatchNorm's or GroupNorm's weight, ``slimming.models.layers.is_factor_layer``) reading one of
+(a BatchNorm's or GroupNorm's weight, ``slimming.layers.rules.is_factor_layer``) reading one of
 its channels scores that channel. A ``chunk`` of a whole space *refines* it into
 its pieces, each a space of its own that may be tied on its own (the C2f block of YOLO-style
 detectors adds to one half only).
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, clip
-from ..models.layers import RULES
+from ..layers.rules import RULES
 
 UNSCORED = "no scaling factor (BatchNorm, GroupNorm, LayerNorm, gate) scores it"
 
@@ -117,7 +117,7 @@ class Map:
 @dataclass
 class Use:
     """A module that must be cut with the channels of ``map``: ``kind`` is its layer kind
-    (``slimming.models.layers.RULES``) and its side: ``conv_in`` (the channels it reads),
+    (``slimming.layers.rules.RULES``) and its side: ``conv_in`` (the channels it reads),
     ``conv_out`` (those it makes), or the kind alone for channels it carries (``bn``,
     ``depthwise``, ``frozen_bn``, ``scale``: a per-channel parameter). ``attrs``: which of its
     tensors played which part (``weight``: ``"weight"``, or a buffer such as a blur filter's
@@ -228,7 +228,7 @@ class ChannelGraph:
         self.heads: dict[int, tuple[int, list[int]]] = {}
         self.merges: dict[str, list[Map]] = {}  # module -> the heads its forward merged (N, L, heads * D)
         # layer -> the weight its forward computed from its parameters (a standardised one), baked
-        # into the plain layer it ran where the cut touches it (``slimming.models.baked``)
+        # into the plain layer it ran where the cut touches it (``slimming.layers.baked``)
         self.computed: dict[str, torch.Tensor] = {}
         self.unbaked: list[str] = []  # layers computing their weight that do more: a gate cannot fold there
         self.headless: list[str] = []  # layers run on what carries no channels (Swin-v2's position-bias MLP)

@@ -1,4 +1,4 @@
-"""How the trace follows a layer, by the rule of its kind (``slimming.models.layers.RULES``): one
+"""How the trace follows a layer, by the rule of its kind (``slimming.layers.rules.RULES``): one
 handler for every rule known by its call (``layer``: a torch function of the rule's ``calls``
 given one module's tensors, at the rule's ``positions``), one for every module followed whole
 (``whole_layer``: a frozen BatchNorm, an RMSNorm, a gate, a registered kind). A layer that
@@ -9,7 +9,7 @@ input's on and is cut with them. What does not fit its rule is kept (``Walk.opaq
 A layer may convolve with a weight its forward computes from its own parameters alone
 (weight standardisation: timm's ``StdConv2d``): ``computed`` takes it as that layer's, the
 weight recorded (``graph.computed``), and the cut bakes it into the plain layer it ran
-(``slimming.models.baked``), where the layer did nothing but (pad and) convolve with it.
+(``slimming.layers.baked``), where the layer did nothing but (pad and) convolve with it.
 
 A layer's bias may be made row by row from parameters in its forward (``torch.cat((self.q_bias,
 self.k_bias, self.v_bias))`` in EVA and BEiT, ``self.qkv.bias.clone()`` with the keys' third
@@ -24,8 +24,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..models.baked import same_pads
-from ..models.layers import RULES, is_layer, layer_kind
+from ..layers.baked import same_pads
+from ..layers.rules import RULES, is_layer, layer_kind
 from .capture import Call
 from .graph import Map, Seg, Use
 from .ops import Step, Walk, arg, tensors

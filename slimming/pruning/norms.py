@@ -23,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.overrides import TorchFunctionMode
 
-from ..models.layers import RULES, layer_kind
+from ..layers.rules import RULES, layer_kind
 from .ops import arg, op_name
 
 

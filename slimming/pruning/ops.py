@@ -251,7 +251,7 @@ def prelu(w: Walk, s: Step) -> None:
 
 
 def multi_head_attention(w: Walk, s: Step) -> None:
-    """torch's own ``nn.MultiheadAttention`` forward: one ``slimming.models.attention`` does not
+    """torch's own ``nn.MultiheadAttention`` forward: one ``slimming.layers.attention`` does not
     decompose (keys and values other than the queries, added keys), so its channels are kept."""
     w.opaque(s.op, "torch's MultiheadAttention forward, with keys and values other than its queries "
              "or keys added", [m for _, m in s.inputs], s.out)

@@ -34,12 +34,12 @@ from torch import nn
 
 from .. import models
 from ..errors import SlimmingError, first_line, listed, number
-from ..models.attention import thinned
-from ..models.baked import baked_layers
+from ..layers.attention import thinned
+from ..layers.baked import baked_layers
+from ..layers.gates import ATTR as GATE
+from ..layers.gates import fold
+from ..layers.rules import ChannelGate, factor_width, is_factor_layer
 from ..models.common import BN_STATE
-from ..models.gates import ATTR as GATE
-from ..models.gates import fold
-from ..models.layers import ChannelGate, factor_width, is_factor_layer
 from ..utils.modules import eager_model, keep_slices, modes_kept
 from . import budget, estimate, repair, speed, surgery
 from .graph import GraphError, Group, ignored_names
@@ -146,7 +146,7 @@ class PruneResult:
 
     model: nn.Module
     # a family's widths; for a traced network {factor layer name: width}, the factor layers being
-    # its BatchNorms, GroupNorms and LayerNorms (``slimming.models.layers.is_factor_layer``; gates
+    # its BatchNorms, GroupNorms and LayerNorms (``slimming.layers.rules.is_factor_layer``; gates
     # are in cfg_mask and masks, not here: folded away)
     cfg: list | dict
     cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d (a family) or factor layer, modules() order
@@ -170,7 +170,7 @@ class PruneResult:
     # model's own): traced and checked on images in [0, 1] too, where the path may differ
     value_reads: list[str] = field(default_factory=list)
     # layers whose forward computed their weight (weight standardisation), baked into the plain
-    # layer they ran where the cut touched them or a gate folds into them (``slimming.models.baked``):
+    # layer they ran where the cut touched them or a gate folds into them (``slimming.layers.baked``):
     # {name: that weight}
     baked: dict[str, torch.Tensor] = field(default_factory=dict)
 

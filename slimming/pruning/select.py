@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, number
-from ..models.layers import is_factor_layer
+from ..layers.rules import is_factor_layer
 from ..utils.modules import unwrap
 
 SPARSE_BOUND = 1e-2  # |gamma| under this counts as "pruned away by sparsity training"
@@ -38,7 +38,7 @@ def prunable_bns(model: nn.Module) -> list[nn.BatchNorm2d]:
 def prunable_factors(model: nn.Module) -> list[nn.Module]:
     """The layers whose per-channel scale (``weight``) network slimming ranks and ``Sparsity``
     trains toward zero: a family's own ``prunable_bns()``; else every BatchNorm (1-D, 2-D, 3-D,
-    SyncBatchNorm) and GroupNorm with a scale (``slimming.models.layers.is_factor_layer``)."""
+    SyncBatchNorm) and GroupNorm with a scale (``slimming.layers.rules.is_factor_layer``)."""
     model = unwrap(model)
     if hasattr(model, "prunable_bns"):
         return model.prunable_bns()

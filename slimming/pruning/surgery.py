@@ -4,9 +4,9 @@
 reads (``in``), makes (``out``) or carries (``channels``: a BatchNorm, a depthwise convolution,
 a layer scale); a linear layer after a flatten keeps ``factor`` columns per channel. ``cut``
 applies the plan to a copy of the model, each layer by the rule of its kind
-(``slimming.models.layers``: which tensor follows which channels along which dim), and
+(``slimming.layers.rules``: which tensor follows which channels along which dim), and
 ``update_widths`` sets the integer attributes that held a width the cut changed.
-(``slimming.models.external.resize_like`` is the way back: a freshly built network given a
+(``slimming.layers.resize.resize_like`` is the way back: a freshly built network given a
 pruned state_dict's widths.)
 """
 
@@ -18,9 +18,9 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from ..models.baked import bake
-from ..models.gates import ATTR as GATE
-from ..models.layers import RULES, ChannelGate, is_layer
+from ..layers.baked import bake
+from ..layers.gates import ATTR as GATE
+from ..layers.rules import RULES, ChannelGate, is_layer
 from ..utils.modules import keep_slices
 from .graph import ChannelGraph, GraphError, Map, ScaleSlot, Use, structure_copy
 from .ops import HEAD_ATTRS
@@ -44,10 +44,10 @@ def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str,
 
 def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: ChannelGraph) -> nn.Module:
     """A copy of ``model`` with every module in ``masks`` cut to its kept channels by the rule
-    of its kind (``slimming.models.layers.RULES``): the very tensors the trace saw it use (a
+    of its kind (``slimming.layers.rules.RULES``): the very tensors the trace saw it use (a
     buffer used as a convolution's weight too), and its width attributes. The original is left
     untouched (no tensor is shared between the two). A layer whose forward computes its weight
-    (``graph.computed``) is baked into the plain layer it ran first (``slimming.models.baked``)."""
+    (``graph.computed``) is baked into the plain layer it ran first (``slimming.layers.baked``)."""
     new = structure_copy(model)
     how = {use.module: use for use in graph.uses if use.kind != "scale"}
     for name, weight in graph.computed.items():  # a weight its forward computes (standardised):

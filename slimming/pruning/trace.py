@@ -3,7 +3,7 @@ forward of the example input in eval mode. ``slimming.pruning.capture`` runs the
 tells what ran; the walk here reads that record: it keeps the channel map of every tensor and
 hands each call to the handler of its op (``DISPATCH``; ``slimming.pruning.ops``, ``reshape``,
 ``index``) or of its layer (``slimming.pruning.layer_calls``, by the rules of
-``slimming.models.layers``: a layer is known by the function it calls with one module's
+``slimming.layers.rules``: a layer is known by the function it calls with one module's
 tensors, a rule with no such function by its module, followed whole). Module boundaries keep
 the stack of modules for messages and ``ignore``. A module called twice (a head shared across
 levels) makes the same channels both times, and its two inputs are cut alike.
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from ..errors import SlimmingError, first_line
-from ..models.attention import decomposed
-from ..models.layers import RULES, Registration, is_layer, module_kind
+from ..layers.attention import decomposed
+from ..layers.rules import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from . import index, ops, reshape
 from .capture import Call, CaptureError, capture

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ..errors import ExportError, first_line
+from ..layers.gates import fold, gated_layers
 from ..measure.stats import DEFAULT_INPUT_SIZE
-from ..models.gates import fold, gated_layers
 from ..utils.devices import full_precision
 from ..utils.files import atomic_path
 

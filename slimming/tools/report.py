@@ -36,9 +36,9 @@ from torch import nn
 
 from ..errors import SlimmingError, clip
 from ..io.checkpoint import load_checkpoint, model_from_checkpoint
+from ..layers.rules import factor_width, is_factor_layer
 from ..measure.stats import compare_stats, input_size_of
 from ..models import describe_cfg
-from ..models.layers import factor_width, is_factor_layer
 from ..pruning.records import LatencyBudget
 from ..pruning.select import prunable_factors
 from ..utils.files import write_text

@@ -182,7 +182,7 @@ class ChannelGate(nn.Module):
     """A per-channel scaling factor where a network has none (``slimming.add_gates``): its
     input times ``weight`` (ones at the start) along ``dim``, the channels' dimension (1 for
     (N, C, ...), -1 for channels-last tokens). Trained sparse and scored as a BatchNorm's gamma;
-    folded into the layer it feeds at the cut (``slimming.models.gates``)."""
+    folded into the layer it feeds at the cut (``slimming.layers.gates``)."""
 
     def __init__(self, channels: int, dim: int = 1):
         super().__init__()

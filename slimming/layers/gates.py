@@ -22,7 +22,7 @@ from torch import nn
 
 from ..errors import SlimmingError, clip
 from .attention import MultiheadAttention
-from .layers import ChannelGate, HeadGate
+from .rules import ChannelGate, HeadGate
 
 ATTR = "slimming_gate"
 

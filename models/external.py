@@ -10,8 +10,8 @@ pruning; then ``{BatchNorm name: width}``). Nothing downloads: pretrained weight
 A ``package.module:function`` arch imports and runs the user's own code. It is only ever run
 when the user names it (``--arch`` on the command line, ``arch=`` in Python), never because a
 checkpoint says so: ``slimming.io.checkpoint`` refuses such a file unless the same arch is given.
-``resize_like`` gives a freshly built (meta) network the widths of a pruned state_dict: how a
-pruned torchvision/timm checkpoint rebuilds itself.
+Giving such a network the widths of a pruned state_dict is layer knowledge, in
+``slimming.layers.resize``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ import re
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, clip, first_line, is_out_of_memory
-from ..utils.modules import set_tensor
-from .layers import RULES, is_layer, layer_kind, resize_layer
+from ..errors import clip, first_line, is_out_of_memory
 
 LIBRARIES = ("torchvision", "timm")
 # what a checkpoint's kwargs may hold: plain JSON, small (a builder's options, not data)
@@ -127,7 +125,7 @@ def build_external(arch: str, cfg: dict | None = None, *, empty: bool = False,
                    num_classes: int | None = None, kwargs: dict | None = None,
                    input_size: list | tuple | None = None) -> nn.Module:
     """Build ``arch`` (on the meta device when ``empty``: fill it with ``load_state_dict(...,
-    assign=True)`` after ``resize_like``, below). Raises ValueError for a name the
+    assign=True)`` after ``slimming.layers.resize.resize_like``). Raises ValueError for a name the
     library does not have, kwargs it refuses, or a builder that fails."""
     kwargs = check_kwargs(dict(kwargs or {}))
     builder = _builder(arch)
@@ -212,75 +210,3 @@ def check_forward(arch: str, model: nn.Module, input_size, num_classes: int | No
         raise ValueError(f"{clip(arch)} returns {got}, not class scores of shape (batch, {want}): the "
                          "commands train classifiers (options such as features_only or global_pool "
                          "change the output; a detector is pruned from Python)")
-
-
-def _empty_like(m: nn.Module, name: str, shape: tuple[int, ...], parameter: bool) -> None:
-    old = getattr(m, name)
-    if old is None:
-        return
-    t = torch.empty(shape, dtype=old.dtype, device=old.device)
-    set_tensor(m, name, t, parameter)
-
-
-def resize_like(model: nn.Module, state_dict: dict, path: str = "checkpoint") -> None:
-    """Give every layer of ``model`` (built on the meta device) the width its tensors have in
-    ``state_dict``, in place, so that ``load_state_dict`` fits: each by the rule of its kind
-    (``slimming.models.layers``). Only widths change: kernel sizes, strides and the kind of a
-    convolution stay as built. Other modules' tensors (a layer scale, a blur filter) take the
-    state_dict's shape where it is only narrower, as a cut makes them."""
-    for name, m in model.named_modules():
-        prefix = f"{name}." if name else ""
-        if is_layer(m):
-            resize_layer(m, state_dict, prefix, path)
-            continue
-        for key, t in (*m._parameters.items(), *m._buffers.items()):
-            new = state_dict.get(prefix + key)
-            if isinstance(t, torch.Tensor) and isinstance(new, torch.Tensor) and new.shape != t.shape \
-                    and new.dim() == t.dim() and all(a <= b for a, b in zip(new.shape, t.shape)):
-                _empty_like(m, key, tuple(new.shape), key in m._parameters)
-
-
-def int_attributes(model: nn.Module) -> dict[str, int]:
-    """{"module.attribute": value} for every public integer attribute of ``model``'s modules."""
-    return {f"{name}.{attr}" if name else attr: v for name, m in model.named_modules()
-            for attr, v in vars(m).items() if type(v) is int and not attr.startswith("_")}
-
-
-# the integer attributes of torch's own modules a cut changes, beside those their rule names
-_TORCH_WIDTHS = {nn.modules.conv._ConvNd: {"groups"}, nn.GroupNorm: {"num_groups"},
-                 nn.MultiheadAttention: {"embed_dim", "kdim", "vdim", "num_heads", "head_dim"}}
-
-
-def _widths_of(m: nn.Module) -> set[str] | None:
-    """The integer attributes of ``m`` a cut may change: for torch's own modules those its
-    layer rule names as widths (and a GroupNorm's groups, an attention's heads); None (any)
-    for others, whose widths the cut finds by their values."""
-    if not type(m).__module__.startswith("torch."):
-        return None
-    kind = layer_kind(m)
-    named = set(RULES[kind].widths) if kind is not None else set()
-    return named | next((v for t, v in _TORCH_WIDTHS.items() if isinstance(m, t)), set())
-
-
-def set_int_attributes(model: nn.Module, widths, path) -> None:
-    """The saved integer attributes (``int_attributes``: the widths and numbers of heads a
-    cut set), set where the fresh model has that attribute as an int of at least that value (a
-    cut only lowers widths; a file cannot raise one). Of torch's own modules, only those a cut
-    changes (``_widths_of``): a file that changes a pool's ``kernel_size`` or a softmax's
-    ``dim`` is refused."""
-    if widths is None:
-        return  # a file from before they were saved
-    if not isinstance(widths, dict) or not all(isinstance(k, str) and type(v) is int
-                                               for k, v in widths.items()):
-        raise CheckpointError(f"{path}: its widths are not integer attributes by name")
-    modules = dict(model.named_modules())
-    for key, value in widths.items():
-        name, _, attr = key.rpartition(".")
-        m = modules.get(name)
-        if m is None or type(vars(m).get(attr)) is not int or value == vars(m)[attr]:
-            continue
-        allowed = _widths_of(m)
-        if allowed is not None and attr not in allowed:
-            raise CheckpointError(f"{path}: its widths change {clip(key)}, which is no width a cut sets")
-        if 0 <= value <= vars(m)[attr]:
-            setattr(m, attr, value)
