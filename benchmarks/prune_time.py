@@ -28,8 +28,8 @@ from common import parser, sparsity_shaped
 
 import slimming
 from slimming import models
-from slimming.pruning.prune import copy_chain_weights
 from slimming.pruning.select import channel_masks, prunable_bns
+from slimming.pruning.surgery import copy_chain_weights
 
 
 def prune_with_init(model, percent):

@@ -39,7 +39,7 @@ API = {
     "compare_stats": "measure.stats", "MeasuredLatency": "measure.latency",
     "CountBudget": "pruning.records", "LatencyBudget": "pruning.records",
     "LayerRule": "layers.rules", "register_layer": "layers.rules", "unfreeze_batchnorms": "layers.rules",
-    "PruneResult": "pruning.prune", "prune": "pruning.prune", "channel_masks": "pruning.select",
+    "PruneResult": "pruning.records", "prune": "pruning.prune", "channel_masks": "pruning.select",
     "add_gates": "pruning.gates", "register_op": "pruning.trace",
     "prunable_bns": "pruning.select", "prunable_factors": "pruning.select",
     "BNSparsity": "training.sparsity", "Sparsity": "training.sparsity",

@@ -64,14 +64,21 @@ def sparsity_shaped(model: nn.Module, seed: int = 0, small: float = 0.5) -> None
                 m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
 
 
-def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]) -> nn.Module:
-    """A copy of ``model`` with gamma and beta zeroed where ``masks`` (factor layer name ->
-    keep: a BatchNorm, a GroupNorm) cut: what a pruned network must equal."""
+def zeroed(model: nn.Module, masks, *, beta: bool = True) -> nn.Module:
+    """The one reference every cut is held to: a copy of ``model`` with gamma and beta zeroed
+    where ``masks`` cut, what a pruned network must equal. ``masks``: factor layer name -> keep
+    (a BatchNorm, a GroupNorm, a LayerNorm), or a family's ``cfg_mask`` (one per BatchNorm2d, in
+    order). ``beta=False`` zeroes gamma alone, beta's constant kept: what sparsity training
+    approaches and what compensation reproduces."""
+    if not isinstance(masks, dict):
+        names = [n for n, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)]
+        assert len(names) == len(masks), (len(names), len(masks))
+        masks = dict(zip(names, masks))
     z = copy.deepcopy(model)
     with torch.no_grad():
         for name, keep in masks.items():
             layer = z.get_submodule(name)
-            for t in (layer.weight, getattr(layer, "bias", None)):
+            for t in (layer.weight, getattr(layer, "bias", None) if beta else None):
                 if t is not None:
                     t[~keep] = 0
     if any(normalises(z.get_submodule(n)) and not m.all() for n, m in masks.items()):

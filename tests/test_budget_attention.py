@@ -110,6 +110,7 @@ def detector(attention: type, seed: int) -> nn.Module:
 @pytest.mark.parametrize("budget", [{"target_flops": 0.6}, {"target_flops": 0.75}, {"target_params": 0.6}])
 @pytest.mark.parametrize("attention", [Attention, YoloAttention])
 @pytest.mark.parametrize("seed", [0, 2])
+@pytest.mark.slow
 def test_a_budget_on_a_c2psa_detector_is_met_exactly(budget, attention, seed):
     model = detector(attention, seed)
     x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(seed))
@@ -138,6 +139,7 @@ def test_a_budget_on_a_c2psa_detector_is_met_exactly(budget, attention, seed):
 
 @pytest.mark.parametrize("budget", [{"target_flops": 0.6}, {"target_params": 0.6}])
 @pytest.mark.parametrize("attention", [Attention, YoloAttention])
+@pytest.mark.slow
 def test_an_unchecked_budget_runs_and_cuts_what_the_checked_one_cuts(budget, attention):
     """verify=False: a candidate that does not run is not returned (it fell back as the checked
     call does), and the cut is the checked call's."""
@@ -186,6 +188,7 @@ def test_measured_runs_a_candidate_with_its_unsure_widths_put_back_and_refuses_o
 
 @pytest.mark.parametrize("attention", [Attention, YoloAttention])
 @pytest.mark.parametrize("asked", [0.2, 0.5, 0.7])
+@pytest.mark.slow
 def test_a_latency_budget_on_a_c2psa_detector_is_exact(attention, asked):
     """The latency budget times its candidates the same way (``measured``): exact, checked, or
     (0.2: the attention cut that far does not run, and kept whole, its sizes cost more than

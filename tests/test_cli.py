@@ -33,6 +33,7 @@ def sparse_run(tmp_path_factory):
     return save
 
 
+@pytest.mark.slow
 def test_train_prune_finetune_eval(sparse_run, tmp_path, capsys):
     assert {p.name for p in sparse_run.iterdir()} >= {"last.pth", "best.pth", "metrics.jsonl"}
     rows = [json.loads(line) for line in (sparse_run / "metrics.jsonl").read_text().splitlines()]
@@ -67,6 +68,7 @@ def test_train_prune_finetune_eval(sparse_run, tmp_path, capsys):
     assert code == 0 and f"top-1 accuracy {ft['acc']:.2f}%" in out
 
 
+@pytest.mark.slow
 def test_threshold_prune_and_outputs_are_not_overwritten(sparse_run, tmp_path, capsys):
     ckpt = sparse_run / "last.pth"
     gammas = torch.cat([bn.weight.detach().abs() for bn in load_model(ckpt).prunable_bns()])
@@ -81,6 +83,7 @@ def test_threshold_prune_and_outputs_are_not_overwritten(sparse_run, tmp_path, c
     assert (tmp_path / "pruned.pth").read_bytes() != first
 
 
+@pytest.mark.slow
 def test_learning_rate_drops_at_integer_milestones(tmp_path, capsys):
     assert lr_milestones(160) == [80, 120]
     assert lr_milestones(10) == [5, 7]  # the paper's float compare skips 7.5
@@ -92,6 +95,7 @@ def test_learning_rate_drops_at_integer_milestones(tmp_path, capsys):
     assert lrs == pytest.approx([0.1, 0.1, 0.01, 0.001])
 
 
+@pytest.mark.slow
 def test_nin_trains_from_the_command_line(tmp_path, capsys):
     code, out, _ = run(capsys, "train", "--arch", "nin", "--cfg", "8,8,8,8,8,8,8,8", "--epochs",
                        "1", "--sparsity", "1e-4", "--save", tmp_path, *DATA)
@@ -143,6 +147,7 @@ def test_cuda_asked_for_where_there_is_none(sparse_run, capsys):
     assert code == 2 and "no CUDA device" in err
 
 
+@pytest.mark.slow
 def test_python_m_slimming_and_prune_does_not_import_torchvision(sparse_run, tmp_path):
     code = ("import sys; from slimming.cli import main; "
             f"rc = main(['prune', '--checkpoint', r'{sparse_run / 'last.pth'}', '--percent', "
@@ -154,6 +159,7 @@ def test_python_m_slimming_and_prune_does_not_import_torchvision(sparse_run, tmp
     assert all(cmd in help_text for cmd in ("train", "prune", "finetune", "eval"))
 
 
+@pytest.mark.slow
 def test_a_prune_whose_cifar_is_missing_says_so_without_importing_torchvision(sparse_run, tmp_path):
     """The checkpoint's data is CIFAR-10, not on this machine: the cut is saved, the accuracy
     not measured, and torchvision (1.3 s of the whole process) is not imported to find that out."""
@@ -189,6 +195,7 @@ def test_config_file_with_command_line_override(tmp_path, capsys):
     assert code == 2 and "unknown key 'learning_rate'" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_amp_bf16_channels_last_adamw_from_the_command_line(tmp_path, capsys):
     code, out, _ = run(capsys, "train", "--arch", "vgg", "--cfg", TINY, "--epochs", "1", "--amp",
                        "--channels-last", "--opt", "adamw", "--lr", "1e-3", "--grad-clip", "5",
@@ -319,6 +326,7 @@ def test_prune_rebuilds_on_cuda_and_saves_the_cpu_file(sparse_run, tmp_path, cap
     assert all(torch.equal(gpu[k], cpu[k]) for k in cpu)
 
 
+@pytest.mark.slow
 def test_eval_and_sweep_default_to_the_data_the_checkpoint_was_trained_on(sparse_run, tmp_path, capsys):
     code, out, err = run(capsys, "eval", "--checkpoint", sparse_run / "best.pth", "--cpu")
     assert code == 0 and "test images of synthetic" in out, err

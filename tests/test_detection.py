@@ -308,6 +308,7 @@ def test_identical_huge_boxes_still_overlap_whole():
     assert mean_average_precision(preds, [{"boxes": box, "labels": torch.tensor([2])}]) == 1.0
 
 
+@pytest.mark.slow
 def test_many_classes_cost_a_pass_over_the_detections_not_classes_times_images():
     """20,000 classes over 200 images: grouped by one sort (a Python loop over classes x images
     took minutes); the answer is the same as class by class, each alone."""

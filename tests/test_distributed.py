@@ -51,6 +51,7 @@ def checkpoint_files(save) -> list[str]:
     return sorted(p.name for p in save.iterdir() if not p.name.startswith("."))
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_end_identical_with_one_checkpoint(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
@@ -76,6 +77,7 @@ def test_two_gloo_ranks_end_identical_with_one_checkpoint(tmp_path):
     assert result.stdout.count("best test accuracy") == 1
 
 
+@pytest.mark.slow
 def test_repeated_two_rank_runs_all_exit_cleanly(tmp_path):
     """Rank 1 used to abort now and then after a finished run ("terminate called without an
     active exception": gloo's worker thread freed the last all_reduce's tensor while the
@@ -170,6 +172,7 @@ def test_a_group_made_elsewhere_is_left_alone(world_of_one, tmp_path):
     assert torch_dist.is_initialized() and world_of_one == []
 
 
+@pytest.mark.slow
 def test_the_pipeline_under_torchrun_prunes_and_reports_on_rank_0_only(tmp_path):
     """Every rank trains; rank 0 alone prunes, evaluates, writes the report and prints, and the
     other rank reads what it wrote (it used to race it: "no such file"). Twice in a row."""

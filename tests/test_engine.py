@@ -185,6 +185,7 @@ def test_a_diverging_run_says_so_once_and_a_settling_one_says_nothing():
     assert said[2].startswith("the test loss is nan at epoch 5: the run diverged")
 
 
+@pytest.mark.slow
 def test_a_run_whose_loss_climbs_warns_on_the_command_line(tmp_path, capsys):
     """A learning rate warmed up far too high: the loss climbs from the first epoch on, and the
     run says so in one line while it trains (before, 2.9 -> 6.0 went by without a word)."""

@@ -35,6 +35,7 @@ def trained(tmp_path_factory):
     return save
 
 
+@pytest.mark.slow
 def test_a_torchvision_model_through_every_command(trained, tmp_path, capsys):
     ckpt = torch.load(trained / "best.pth", weights_only=True)
     assert ckpt["arch"] == "torchvision:mobilenet_v2" and ckpt["cfg"] is None
@@ -100,6 +101,7 @@ def test_a_pruned_checkpoint_rebuilds_the_same_network(tmp_path):
     assert rebuilt.input_size == (3, 48, 48) and rebuilt.fc.out_features == 7
 
 
+@pytest.mark.slow
 def test_a_timm_model_trains_and_prunes(tmp_path, capsys):
     pytest.importorskip("timm")
     code, _, err = run(capsys, "train", "--arch", "timm:test_efficientnet", "--epochs", "1", "--save",
@@ -143,6 +145,7 @@ def test_your_own_function_runs_only_when_you_name_it(tmp_path, monkeypatch, cap
     assert net[1].num_features + net[5].num_features < 6 + 12
 
 
+@pytest.mark.slow
 def test_init_starts_from_your_weights_and_refuses_ones_that_do_not_fit(tmp_path, capsys):
     mine = models.build("torchvision:mobilenet_v2", num_classes=10, kwargs={"width_mult": 0.25})
     torch.save({"model": mine.state_dict()}, tmp_path / "mine.pth")

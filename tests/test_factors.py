@@ -72,6 +72,7 @@ def group_norms(model):
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(NETWORKS))
+@pytest.mark.slow
 def test_a_groupnorm_network_is_cut_by_whole_groups_exactly(name, seed, tmp_path):
     torch.manual_seed(seed)
     model = NETWORKS[name]().eval()
@@ -132,6 +133,7 @@ def test_a_network_without_any_scaling_factor_is_refused_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_a_groupnorm_network_from_the_command_line(tmp_path, capsys):
     """train --sparsity on GroupNorm gammas; prune cuts whole groups and saves a file that eval
     rebuilds (timm's test EfficientNet with GroupNorm, no BatchNorm at all)."""
@@ -266,6 +268,7 @@ def layer_norms(model):
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(LN_NETWORKS))
+@pytest.mark.slow
 def test_a_layernorm_network_is_cut_exactly_by_its_gammas(name, seed, tmp_path):
     """ConvNeXt (both LayerNorm layouts, layer scale), vision transformers (class token,
     position embedding, fused qkv), Swin (windows, shifts): the embedding is cut, and the pruned
@@ -341,6 +344,7 @@ RMS_NETWORKS = {  # (builder, the module type a user registers, or None: torch's
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(RMS_NETWORKS))
+@pytest.mark.slow
 def test_an_rmsnorm_is_a_scaling_factor_in_one_rule(name, seed, tmp_path):
     """torch's nn.RMSNorm is one rule in the table (followed whole, scored by its gamma, cut
     normalising over its kept channels); an RMSNorm class of your own (timm's, LLaMA's) is one

@@ -50,6 +50,7 @@ def in_order(model, names) -> list[str]:
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
+@pytest.mark.slow
 def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
     torch.manual_seed(0)
     model = LN_NETWORKS[name]().eval()
@@ -71,6 +72,7 @@ def test_gates_go_before_every_mlp_and_change_nothing_until_trained(name):
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", ["TinyConvNeXt", "TinyViT", "timm convnext_atto",
                                   "timm vit_tiny_patch16_224"])
+@pytest.mark.slow
 def test_a_gated_network_is_cut_exactly_and_its_gates_fold_away(name, seed, tmp_path):
     torch.manual_seed(seed)
     model = LN_NETWORKS[name]().eval()
@@ -151,6 +153,7 @@ def test_gates_at_a_layer_that_is_none_are_refused_in_one_line_and_change_nothin
         assert set(model.state_dict()) == keys
 
 
+@pytest.mark.slow
 def test_train_with_gates_prune_and_finetune_from_the_command_line(tmp_path, capsys):
     pytest.importorskip("timm")
     from slimming.cli import main
@@ -193,6 +196,7 @@ def test_a_timm_vision_transformer_is_built_for_the_image_size_asked():
     assert cnn(torch.zeros(2, 3, 32, 32)).shape == (2, 10)  # a CNN takes no img_size: built as it is
 
 
+@pytest.mark.slow
 def test_the_pipeline_with_gates_reports_every_cut_layer_gates_included(tmp_path):
     """A ConvNeXt through ``pipeline --gates``: the report lists the LayerNorms and the gates
     (folded away, so the pruned network has none) with their widths before and after."""
@@ -223,6 +227,7 @@ HEAD_NETWORKS = {
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("name", list(HEAD_NETWORKS))
+@pytest.mark.slow
 def test_attention_heads_are_cut_whole_and_their_number_follows(name, seed, tmp_path):
     """Gates per head, sparsity-shaped: the cut equals the original with the cut heads' gates
     zeroed (``cut_at_random``); every attention keeps whole heads, the ones with the largest
@@ -324,6 +329,7 @@ def test_heads_of_a_block_kept_by_ignore_or_keep_whole_stay_whole(kept):
     assert result.model.blocks[0].qkv.out_features == 96 and result.model.blocks[1].qkv.out_features == 72
 
 
+@pytest.mark.slow
 def test_a_vision_transformer_through_the_command_line_loses_whole_heads(tmp_path, capsys):
     """``train --gates`` on timm's ViT records its head gates; ``prune`` (here after two heads'
     gates were set to zero, as sparsity training would leave them) cuts those heads and the
@@ -445,6 +451,7 @@ def test_a_network_without_normalisation_is_slimmed_by_gates_everywhere(seed):
     assert size[0] < 0.8 * size[1] and not gates(result.model)
 
 
+@pytest.mark.slow
 def test_gates_everywhere_from_the_command_line(tmp_path, capsys):
     """``--gates-everywhere``: a network without normalisation trains with a gate on every width
     it can cut, and its checkpoint prunes."""

@@ -34,6 +34,7 @@ def smoke(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_step_runs_and_reports(smoke):
     out, results = smoke
     assert (out / "run.log").stat().st_size > 0 and "done in" in (out / "run.log").read_text()
@@ -50,6 +51,7 @@ def test_every_step_runs_and_reports(smoke):
         assert steps["correctness"]["failures"] == []
 
 
+@pytest.mark.slow
 def test_throughput_figures(smoke):
     fig = smoke[1]["steps"]["throughput"]["figures"]
     assert "errors" not in fig and "not_run" not in fig, (fig.get("errors"), fig.get("not_run"))
@@ -66,6 +68,7 @@ def test_throughput_figures(smoke):
     assert fig["train_images"] == 640 and fig["num_classes"] == 10
 
 
+@pytest.mark.slow
 def test_paper_row_figures_and_files(smoke):
     out, results = smoke
     fig = results["steps"]["paper"]["figures"]
@@ -87,6 +90,7 @@ def test_paper_row_figures_and_files(smoke):
     assert pruned.cfg == tuned.cfg and slimming.count_params(tuned) == prune["params_after"]
 
 
+@pytest.mark.slow
 def test_resume_warm_and_from_what_came_back(smoke, tmp_path):
     """A rerun on the same work folder redoes nothing; ``--state`` (a copy of what came back, on
     a fresh machine) keeps the earlier figures and fine-tunes the pruned.pth it holds anew."""
@@ -108,6 +112,7 @@ def test_resume_warm_and_from_what_came_back(smoke, tmp_path):
     assert not (tmp_path / "fresh" / "paper" / "sparse").exists()  # no sparsity training redone
 
 
+@pytest.mark.slow
 def test_a_step_over_its_budget_is_stopped_with_everything_it_started(tmp_path):
     """run_cmd, which runs each step: past its timeout the step's whole process group goes (a
     grandchild too); asked to stop, it stops at once and is not counted as a timeout."""

@@ -41,6 +41,7 @@ def threads():
 
 @pytest.mark.parametrize("source,name", [("torchvision", n) for n in TORCHVISION]
                          + [("timm", n) for n in TIMM], ids=lambda v: v)
+@pytest.mark.slow
 def test_pruned_equals_the_original_with_the_cut_channels_zeroed(source, name):
     model = build(source, name).eval()
     sparsity_shaped(model, seed=len(name))
@@ -59,6 +60,7 @@ def test_pruned_equals_the_original_with_the_cut_channels_zeroed(source, name):
 
 
 @pytest.mark.parametrize("arch", ["vgg11", "vgg16", "vgg19", "nin"])
+@pytest.mark.slow
 def test_the_traced_path_agrees_with_the_families_surgery(arch):
     """Two independent cuts of the same network check each other: same channels, same outputs."""
     rng = random.Random(arch)
@@ -97,6 +99,7 @@ def test_depthwise_convolutions_shrink_with_the_channels_they_carry():
     assert torch.equal(result.masks["features.2.conv.0.1"], result.masks["features.2.conv.1.1"])
 
 
+@pytest.mark.slow
 def test_concatenations_map_each_input_to_its_slice():
     model = torchvision.models.densenet121(num_classes=10).eval()
     sparsity_shaped(model, 4)

@@ -559,6 +559,7 @@ def results(zoo, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case_id,needle", [(i, n) for i, _, n in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.slow
 def test_hostile_input_is_one_line_exit_2_and_changes_nothing(results, zoo, case_id, needle):
     row = results.get(case_id)
     assert row is not None, f"the runner died before this case: {results['_process']}"
@@ -572,6 +573,7 @@ def test_hostile_input_is_one_line_exit_2_and_changes_nothing(results, zoo, case
     assert not (zoo / "pwned").exists()
 
 
+@pytest.mark.slow
 def test_the_runner_itself_ended_cleanly(results):
     assert results["_process"]["code"] == 0, results["_process"]["stderr"]
     assert not results["_process"]["downloaded"], "a case tried to download (TORCH_HOME was made)"
@@ -585,6 +587,7 @@ def test_the_table_covers_every_command():
     assert {argv[0] for _, argv, _ in CASES} == commands
 
 
+@pytest.mark.slow
 def test_code_in_the_working_folder_is_never_imported(zoo, tmp_path):
     """The paper's repository and every YOLOv5 checkout hold packages named models/, utils/ and
     data/: ``python -m slimming`` run there must not import them (slimming's networks install

@@ -13,11 +13,11 @@ from conftest import sparsity_shaped
 from torch import nn
 
 import slimming
-from slimming.errors import SlimmingError
+from slimming.errors import SlimmingError, parse_latency
 from slimming.measure import latency
 from slimming.measure.latency import MeasuredLatency, layer_specs
 from slimming.pruning.records import LatencyBudget
-from slimming.pruning.speed import TOLERANCE, parse_latency
+from slimming.pruning.speed import TOLERANCE
 from slimming.tools.sweep import sweep
 from slimming.utils.modules import modes_kept
 
@@ -74,6 +74,7 @@ class TwoScales(nn.Module):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("asked", [0.3, 0.5, 0.7])
+@pytest.mark.slow
 def test_a_latency_budget_lands_on_the_fraction_asked(seed, asked, one_thread):
     model = torchvision.models.resnet18(num_classes=10).eval()
     sparsity_shaped(model, seed)

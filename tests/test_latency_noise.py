@@ -50,6 +50,7 @@ def test_a_low_quantile_and_a_paired_ratio_see_through_delays():
     assert same.value == 3.0 and same.spread == 0.0 and same.samples == 10
 
 
+@pytest.mark.slow
 def test_the_spread_is_honest_and_shrinks_with_samples():
     """Over 200 seeded busy measurements, the true ratio lies within the printed spread in at
     least 85% of them (the spread is a 95% half-width); more rounds, a smaller spread."""
@@ -95,6 +96,7 @@ def resnet(seed: int):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.slow
 def test_a_busy_machine_takes_more_samples_and_still_lands_within_the_spread(seed, one_thread):
     model, x = resnet(seed), torch.randn(1, 3, 64, 64)
     device = Noisy(delay=0.3, seed=seed)
@@ -162,6 +164,7 @@ def test_what_the_table_was_off_by_is_remembered_and_the_next_prune_starts_there
     assert again.rounds[0].goal_ms != pytest.approx(0.5 * again.rounds[0].original_ms)  # corrected
 
 
+@pytest.mark.slow
 def test_a_network_now_slower_than_remembered_is_said_and_a_damaged_memory_is_none(one_thread):
     x = torch.randn(1, 3, 64, 64)
     device = Remembering()
@@ -231,13 +234,14 @@ def test_a_table_that_is_not_a_regular_file_is_not_read(tmp_path, monkeypatch):
     assert MeasuredLatency("cpu").entries == {}  # a FIFO with no writer: not waited on
 
 
+@pytest.mark.slow
 def test_the_probe_reads_the_same_widths_off_the_plan_as_off_built_networks():
     import timm
 
     from slimming.measure.latency import layer_specs
     from slimming.pruning import estimate
     from slimming.pruning.importance import DEFAULT
-    from slimming.pruning.prune import _traced_plan
+    from slimming.pruning.plans import traced_plan
 
     nets = [torchvision.models.resnet18(), torchvision.models.mobilenet_v3_small(),
             torchvision.models.shufflenet_v2_x0_5(), timm.create_model("convnext_atto")]
@@ -247,7 +251,7 @@ def test_the_probe_reads_the_same_widths_off_the_plan_as_off_built_networks():
         x = torch.randn(1, 3, 64, 64)
         if isinstance(model, timm.models.ConvNeXt):
             slimming.add_gates(model, x)
-        plan = _traced_plan(model, DEFAULT, x, ())
+        plan = traced_plan(model, DEFAULT, x, ())
         specs = layer_specs(model, (x,))
         by_plan = estimate.probe(plan, model, specs)
         plan.cuts = None
@@ -282,6 +286,7 @@ def test_the_records_read_as_the_old_dicts_did_with_a_warning_and_round_trip():
 
 
 @pytest.mark.parametrize("runtime", ["eager", "export", "onnxruntime"])
+@pytest.mark.slow
 def test_a_network_runs_in_the_runtime_it_is_timed_in(runtime, monkeypatch):
     """``prepared`` runs the very network in that runtime (its outputs are the model's), and
     MeasuredLatency's network timings call it there: an onnxruntime session for "onnxruntime"."""

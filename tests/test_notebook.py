@@ -63,6 +63,7 @@ def test_stored_with_outputs():
     assert "mkdtemp" in source
 
 
+@pytest.mark.slow
 def test_walkthrough_runs(tmp_path):
     before = repository_files()
     nb = nbformat.read(NOTEBOOK, as_version=4)

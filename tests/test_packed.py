@@ -273,6 +273,7 @@ def slimming(*argv: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_train_on_a_pack_and_evaluate_from_its_checkpoint(tmp_path, pack):
     run = slimming("train", "--arch", "vgg", "--cfg", "8,M,8,M,8,M,8,M,8", "--dataset", "imagefolder",
                    "--data-root", pack, "--epochs", "1", "--cpu", "--save", tmp_path / "run")

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import randomize_bn
-from test_prune import rel_diff, zeroed_reference
+from conftest import randomize_bn, zeroed
+from test_prune import rel_diff
 
 from slimming import (
     CheckpointError,
@@ -205,6 +205,7 @@ def write(path, sd, kind, cfg, prefix):
 @pytest.mark.parametrize("arch", ["vgg", "preresnet", "densenet"])
 @pytest.mark.parametrize("kind", ["trained", "pruned", "finetuned"])
 @pytest.mark.parametrize("prefix", [False, True])
+@pytest.mark.slow
 def test_paper_files_load_and_match_the_paper_forward(arch, kind, prefix, tmp_path):
     seed = ["vgg", "preresnet", "densenet"].index(arch) * 10 + len(kind) + prefix
     sd, reference, depth, cfg = make(arch, kind, seed)
@@ -234,7 +235,7 @@ def test_paper_files_load_and_match_the_paper_forward(arch, kind, prefix, tmp_pa
         assert torch.equal(load_model(tmp_path / "ours.pth")(x), model(x))
         # slimming works on it
         result = prune(model, percent=0.4, compensate=False)
-        assert rel_diff(result.model(x), zeroed_reference(model, result.cfg_mask)(x)) < 1e-4
+        assert rel_diff(result.model(x), zeroed(model, result.cfg_mask)(x)) < 1e-4
 
 
 def test_paper_names_depth_and_old_files(tmp_path):

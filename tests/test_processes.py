@@ -67,6 +67,7 @@ def checkpoint(tmp_path_factory):
 
 # --------------------------------------------------------------------------- one run per folder
 
+@pytest.mark.slow
 def test_a_second_run_on_a_folder_in_use_is_refused_and_the_lock_dies_with_its_holder(
         tmp_path, checkpoint, capsys):
     save = tmp_path / "run"
@@ -91,6 +92,7 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_the_lock_dies_with_its_h
 
 # --------------------------------------------------------------------------- planted symlinks
 
+@pytest.mark.slow
 def test_symlinks_planted_at_outputs_are_replaced_never_written_through(tmp_path, checkpoint, capsys):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -160,6 +162,7 @@ def pipeline_run(tmp_path_factory):
     ("prune", signal.SIGINT), ("export", signal.SIGTERM), ("sweep", signal.SIGTERM),
     ("report", signal.SIGTERM),
 ])
+@pytest.mark.slow
 def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, checkpoint, pipeline_run, command, sig):
     out = tmp_path / "out"
     argv = {
@@ -191,6 +194,7 @@ def test_a_signal_mid_write_leaves_no_temporary_file(tmp_path, checkpoint, pipel
         assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_run_started_under_nohup_outlives_its_terminal(tmp_path, checkpoint):
     """``nohup slimming prune ... &``: SIGHUP was ignored when the process started and stays
     ignored (the handler that cleans up on SIGTERM once replaced nohup's ignore: exit 129)."""

@@ -37,6 +37,7 @@ def test_there_are_python_examples():
 
 @pytest.mark.parametrize(("page", "code"), [(page, code) for _, page, code in EXAMPLES],
                          ids=[name for name, _, _ in EXAMPLES])
+@pytest.mark.slow
 def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys, request):
     monkeypatch.chdir(tmp_path)
     if "target_latency" in code:  # timed by a deterministic clock: a busy machine refuses a budget

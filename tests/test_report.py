@@ -43,6 +43,7 @@ def run(tmp_path_factory):
     return root, argv
 
 
+@pytest.mark.slow
 def test_pipeline_stages_and_report(run):
     root, _ = run
     for stage in ("baseline", "sparse", "finetuned"):
@@ -64,6 +65,7 @@ def test_pipeline_stages_and_report(run):
         assert all((root / p).stat().st_size > 1000 for p in report["pictures"])
 
 
+@pytest.mark.slow
 def test_pipeline_rerun_skips_finished_stages(run, capsys):
     root, argv = run
     stamps = {p: p.stat().st_mtime_ns for p in root.rglob("*.pth")}
@@ -73,6 +75,7 @@ def test_pipeline_rerun_skips_finished_stages(run, capsys):
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*.pth")} == stamps
 
 
+@pytest.mark.slow
 def test_report_without_matplotlib_is_text_only(run, monkeypatch, capsys, tmp_path):
     root, _ = run
     monkeypatch.setattr(plots, "available", lambda: False)
@@ -86,6 +89,7 @@ def test_report_without_matplotlib_is_text_only(run, monkeypatch, capsys, tmp_pa
     assert "holds no checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sweep_table(run, tmp_path, capsys):
     root, _ = run
     assert main(["sweep", "--checkpoint", str(root / "sparse" / "best.pth"), "--percents",
@@ -333,6 +337,7 @@ OLD = {"what": "latency", "kind": "fraction", "asked": 0.5, "target": 1.2, "achi
     ({**OLD, "fraction": "0.49"}, False),
     ({"what": "flops", "target": 1e6, "achieved": 9e5, "full": 2e6}, False),
 ])
+@pytest.mark.slow
 def test_a_latency_budget_is_reported_as_asked_and_measured(fresh_run, budget, shown):
     path = fresh_run / "pruned" / "pruned.pth"
     ckpt = load_checkpoint(path)
@@ -354,6 +359,7 @@ def test_report_of_missing_folder(tmp_path):
         build_report(tmp_path)
 
 
+@pytest.mark.slow
 def test_report_of_each_command_s_own_folder_follows_its_sources(tmp_path, capsys):
     """train, prune and finetune each into a folder of its own (as docs/networks.md's commands
     do): the report of any of them is what the run was up to that folder, its stages told by

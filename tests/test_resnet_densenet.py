@@ -7,13 +7,13 @@ import warnings
 
 import pytest
 import torch
-from conftest import randomize_bn
-from test_prune import rel_diff, zeroed_reference
+from conftest import randomize_bn, zeroed
+from test_prune import rel_diff
 from torch import nn
 
 from slimming import BNSparsity, checkpoint_dict, count_params, load_model, models, prune, save_checkpoint
 from slimming.models.common import ChannelSelect
-from slimming.pruning.prune import copy_sliced_weights
+from slimming.pruning.surgery import copy_sliced_weights
 
 SMALL = [("preresnet", 11), ("preresnet", 20), ("densenet", 10), ("densenet", 16)]
 PERCENTS = [0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 0.95]
@@ -94,6 +94,7 @@ def test_init_and_persistent_index_buffers(arch, depth):
 
 @pytest.mark.parametrize("arch,depth", SMALL)
 @pytest.mark.parametrize("seed", range(2))
+@pytest.mark.slow
 def test_pruned_equals_zeroed_original(arch, depth, seed):
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -103,7 +104,7 @@ def test_pruned_equals_zeroed_original(arch, depth, seed):
     for percent in PERCENTS:
         min_channels = rng.randint(1, 3)
         result = prune(model, percent=percent, min_channels=min_channels, compensate=False)
-        expected = zeroed_reference(model, result.cfg_mask)(x)
+        expected = zeroed(model, result.cfg_mask)(x)
         assert rel_diff(result.model(x), expected) < 1e-4, (arch, depth, percent)
         kept = [int(m.sum()) for m in result.cfg_mask]
         assert result.cfg == kept == result.model.cfg
@@ -117,7 +118,7 @@ def test_pruned_equals_zeroed_original(arch, depth, seed):
         twice = prune(result.model, percent=rng.choice([0.2, 0.5]), min_channels=min_channels,
                       compensate=False)
         assert [m.numel() for m in twice.cfg_mask] == kept
-        expected = zeroed_reference(result.model, twice.cfg_mask)(x)
+        expected = zeroed(result.model, twice.cfg_mask)(x)
         assert rel_diff(twice.model(x), expected) < 1e-4, (arch, depth, percent, "twice")
 
 
@@ -129,7 +130,7 @@ def test_equivalence_holds_in_training_mode_too(arch, depth):
     model = models.build(arch, depth=depth)
     randomize_bn(model, gen, zero_frac=0.3)
     result = prune(model, percent=0.5, compensate=False)
-    ref = zeroed_reference(model, result.cfg_mask).train()
+    ref = zeroed(model, result.cfg_mask).train()
     x = torch.randn(4, 3, 32, 32, generator=gen)
     assert result.model.training
     assert rel_diff(result.model(x), ref(x)) < 1e-4
@@ -160,6 +161,7 @@ def all_equal(model, gen):  # ties everywhere: broken by layer order, emptying e
 
 @pytest.mark.parametrize("arch", ["preresnet", "densenet"])
 @pytest.mark.parametrize("gammas", [randomize_bn, layer_tiny, sparse_shape, all_equal])
+@pytest.mark.slow
 def test_full_depth_prunes_at_60_percent_for_any_gammas(arch, gammas):
     """ResNet-164 and DenseNet-40 at 60%, whatever the gammas: the paper's code crashes when a
     layer empties; here the guard keeps a channel, and the network still runs and agrees."""
@@ -171,11 +173,12 @@ def test_full_depth_prunes_at_60_percent_for_any_gammas(arch, gammas):
     n = sum(m.numel() for m in result.cfg_mask)
     assert n - sum(result.cfg) <= int(0.6 * n) and min(result.cfg) >= 1
     x = torch.randn(1, 3, 32, 32, generator=gen)
-    assert rel_diff(result.model(x), zeroed_reference(model, result.cfg_mask)(x)) < 1e-4
+    assert rel_diff(result.model(x), zeroed(model, result.cfg_mask)(x)) < 1e-4
     assert count_params(result.model) < count_params(model)
 
 
 @pytest.mark.parametrize("arch,depth", SMALL[::2])
+@pytest.mark.slow
 def test_pruned_network_scripts_and_exports(arch, depth):
     gen = torch.Generator().manual_seed(5)
     model = models.build(arch, depth=depth).eval()

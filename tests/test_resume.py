@@ -31,6 +31,7 @@ def slimming(*argv, env):
                           capture_output=True, text=True).returncode
 
 
+@pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     killed = tmp_path / "killed"
@@ -82,6 +83,7 @@ def test_resume_auto_without_a_run_starts_fresh_and_finished_run_is_left_alone(t
     assert (save / "last.pth").read_bytes() == first
 
 
+@pytest.mark.slow
 def test_resume_restores_best_accuracy(tmp_path, capsys):
     save = tmp_path / "run"
     base = [*BASE, "--seed", "0", "--save", str(save)]

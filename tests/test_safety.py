@@ -85,6 +85,7 @@ def test_checksum_catches_a_flipped_weight(files, tmp_path):
         load_checkpoint(tmp_path / "damaged.pth")
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     from slimming.data import build_loaders
 
@@ -116,6 +117,7 @@ def test_model_without_bn_says_so(tmp_path):
         prune(plain, percent=0.5)
 
 
+@pytest.mark.slow
 def test_deterministic_cpu_runs_are_bit_identical(tmp_path):
     argv = ["train", "--arch", "vgg", "--cfg", ",".join(map(str, TINY)), "--epochs", "2",
             "--sparsity", "1e-3", "--seed", "7", "--deterministic", "--save", str(tmp_path / "run"),
@@ -129,6 +131,7 @@ def test_deterministic_cpu_runs_are_bit_identical(tmp_path):
     assert not torch.are_deterministic_algorithms_enabled()  # the process is left as found
 
 
+@pytest.mark.slow
 def test_survives_repeated_kills(tmp_path):
     """SIGKILL at several random moments, --resume auto each time: the run ends with the
     requested epochs, and every checkpoint seen along the way loads."""

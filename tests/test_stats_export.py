@@ -104,6 +104,7 @@ def test_stats_layers_shows_each_layer_before_and_after(ckpts, capsys):
 
 
 @pytest.mark.parametrize("fmt,name", [("export", "m.pt2"), ("torchscript", "m.ts"), ("onnx", "m.onnx")])
+@pytest.mark.slow
 def test_export_formats_reproduce_the_model(ckpts, fmt, name, capsys):
     if fmt == "onnx":
         pytest.importorskip("onnxruntime")
@@ -162,6 +163,7 @@ def test_nin_exports_too(tmp_path):
     ["export", "--format", "torchscript", "--out", "{out}/m.pt"],
     ["prune", "--percent", "0.3", "--no-eval", "--save", "{out}"],
 ])
+@pytest.mark.slow
 def test_a_disk_that_fills_mid_write_is_one_line_naming_the_file(ckpts, argv):
     """Writes past a size limit fail as on a full disk (RLIMIT_FSIZE, SIGXFSZ ignored): one line
     that names the file, no temporary left. torch's archive writer used to abort the export in

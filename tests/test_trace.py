@@ -394,6 +394,7 @@ TIMM = ["cspdarknet53", "res2net50_26w_4s", "ghostnet_100", "rexnet_100", "cspre
 
 
 @pytest.mark.parametrize("name", TIMM)
+@pytest.mark.slow
 def test_timm_networks_built_from_these_patterns(name):
     timm = pytest.importorskip("timm")
     model = timm.create_model(name, pretrained=False, num_classes=10)
@@ -426,6 +427,7 @@ def test_a_pruned_network_of_these_layers_saves_and_loads_into_a_fresh_instance(
 
 @pytest.mark.parametrize("arch,encoder", [("Unet", "resnet18"), ("FPN", "efficientnet-b0"),
                                           ("DeepLabV3Plus", "resnet18")])
+@pytest.mark.slow
 def test_segmentation_models_pytorch_decoders(arch, encoder):
     """Decoders others wrote (a test extra: segmentation-models-pytorch, MIT), their encoders'
     channels cut where a skip connection or a GroupNorm decoder reads them."""
@@ -440,6 +442,7 @@ def test_segmentation_models_pytorch_decoders(arch, encoder):
 
 
 @pytest.mark.parametrize("arch", ["Segformer", "UPerNet"])
+@pytest.mark.slow
 def test_mix_transformer_tokens_to_a_map_and_back_are_cut_exactly(arch):
     """smp's Mix-Transformer encoder (``mit_b0``, as PVT-v2 writes its blocks): a Mix-FFN makes
     its tokens (B, N, C) a map for a depthwise convolution and tokens again; its attention
@@ -606,6 +609,7 @@ def test_channels_followed_through_any_layout_and_back(layout, between):
         assert result.model.gamma.shape[0] == result.masks["a.1"].sum()
 
 
+@pytest.mark.slow
 def test_a_detector_whose_proposals_flip_among_near_ties_is_checked_on_what_is_comparable():
     """torchvision's Faster R-CNN on a ResNet-18 FPN of frozen BatchNorms (how it is built on a
     pretrained backbone): at random weights every anchor scores about the same, so the RPN's

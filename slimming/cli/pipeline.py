@@ -20,10 +20,11 @@ import functools
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import SlimmingError, parse_latency
+from ..errors import SlimmingError
 from ..io.checkpoint import load_checkpoint, load_model, model_from_checkpoint
 from ..measure.stats import count_flops, count_params, input_size_of
 from ..models.external import is_user_code
+from ..pruning.amount import Amount
 from ..pruning.budget import parse_budget
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
 from ..training.config import TrainConfig
@@ -59,11 +60,11 @@ def budget_share(args: argparse.Namespace, i: int, source, arch) -> dict:
     if args.percent is not None:
         return {"percent": 1 - (1 - args.percent) ** (1 / n)}
     if getattr(args, "target_latency", None) is not None:  # each cut's fraction of the network it cuts
-        kind, asked = parse_latency(args.target_latency)
-        if kind != "fraction":
+        latency = Amount.of(target_latency=args.target_latency)
+        if latency.unit != "fraction":
             raise SlimmingError("--iterations takes --target-latency as a fraction (each iteration cuts "
                                 "its share of it), not a time", param="target_latency")
-        return {"target_latency": asked ** (1 / n)}
+        return {"target_latency": latency.value ** (1 / n)}
     what = "flops" if args.target_flops is not None else "params" if args.target_params is not None else None
     if what is None:
         return {}

@@ -18,8 +18,8 @@ from ..errors import (
     clip,
     first_line,
     is_out_of_memory,
-    parse_latency,
 )
+from ..pruning.amount import Amount
 from ..training import runs
 from ..utils import devices
 from ..utils.files import handle_signals, human_bytes
@@ -59,7 +59,7 @@ def check_args(parser: Parser, args: argparse.Namespace) -> None:
         parser.error("--amp-dtype only applies with --amp; add --amp")
     latency = getattr(args, "target_latency", None)
     if args.command == "pipeline" and args.iterations > 1 and latency is not None \
-            and parse_latency(latency)[0] == "ms":
+            and Amount.of(target_latency=latency).unit == "ms":
         parser.error("--iterations takes --target-latency as a fraction (each iteration cuts its share "
                      "of it), not a time")
     if getattr(args, "sparsity_target", None) is not None and not args.sparsity > 0:

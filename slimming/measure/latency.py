@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..utils.files import human_bytes, read_regular, write_text
+from ..utils.modules import hooked
 from . import timing
 from .runtimes import check_runtime, prepared, version
 
@@ -171,19 +172,17 @@ def spec_of(m: nn.Module, x: torch.Tensor) -> LayerSpec | None:
 def layer_specs(model: nn.Module, inputs: tuple) -> dict[str, LayerSpec]:
     """{name: LayerSpec} of every convolution and linear layer ``model`` runs on ``inputs``
     (one forward, in eval mode; the model's modes are the caller's to keep)."""
-    specs, handles = {}, []
-    for name, m in model.named_modules():
-        if isinstance(m, LAYER_TYPES):
-            def hook(module, args, name=name):
-                spec = spec_of(module, args[0]) if args else None
-                if spec is not None:
-                    specs.setdefault(name, spec)
-            handles.append(m.register_forward_pre_hook(hook))
-    try:
+    specs = {}
+
+    def seen(name):
+        def hook(module, args):
+            spec = spec_of(module, args[0]) if args else None
+            if spec is not None:
+                specs.setdefault(name, spec)
+        return hook
+
+    with hooked(pre=[(m, seen(name)) for name, m in model.named_modules() if isinstance(m, LAYER_TYPES)]):
         model(*inputs)
-    finally:
-        for h in handles:
-            h.remove()
     return specs
 
 

@@ -49,7 +49,7 @@ def measured(result, measure: Callable[[nn.Module], float]) -> float:
     Why: the cut sets integer attributes the forward reads (``result.widths``: a C2f's ``c``,
     an attention's ``key_dim``), and some it reads as fixed sizes, so a candidate as built may
     not run at all (YOLO11's C2PSA, its heads cut to a width its ``view`` cannot take). The
-    check (``prune._checked``) first puts back those it is not sure of, then sets each
+    check (``widths.checked``) first puts back those it is not sure of, then sets each
     module's again only where the outputs still match (which leaves the count as it is), and
     with ``verify=False`` they are put back too: so a candidate that fails as built is measured
     once more with them put back. Where it fails that way too, the check refuses the cut as
@@ -78,11 +78,11 @@ class _Unrunnable(Exception):
         self.result = result
 
 
-def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | None,
-           target_params: float | None, limits: dict, checked: bool = False):
-    """The PruneResult with the fewest channels cut whose FLOPs (``target_flops``) or
-    parameters (``target_params``) are at or under the budget; SlimmingError when even the
-    smallest network the limits allow is above it. Records the budget in the result.
+def search(model: nn.Module, plan, example: torch.Tensor, amount, limits: dict, checked: bool = False):
+    """The PruneResult with the fewest channels cut whose FLOPs (``amount`` a ``target_flops``)
+    or parameters (a ``target_params``; ``slimming.pruning.amount.Amount``) are at or under the
+    budget; SlimmingError when even the smallest network the limits allow is above it. Records
+    the budget in the result.
 
     A candidate whose forward fails (``measured``) is a GraphError; with ``checked`` (the
     caller runs ``prune``'s check on the result and cuts again where it refuses, as ``prune``
@@ -90,12 +90,11 @@ def search(model: nn.Module, plan, example: torch.Tensor, target_flops: float | 
     the check to refuse it and the caller to cut again with the sizes kept or the block whole,
     as it does any cut the check refuses: only where its forward alone fails on the example
     (with the widths as built and put back), so that the check's fails too."""
-    what = "flops" if target_flops is not None else "params"
+    what, asked = amount.what, amount.given
     size = tuple(example.shape[1:])
     measure = (lambda m: count_flops(m, size)) if what == "flops" else count_params
     full = measure(model)
-    asked = target_flops if what == "flops" else target_params
-    target = parse_budget(asked, full, what)
+    target = parse_budget(amount.value, full, what)
     total = sum(s.numel() for s in plan.scores)
 
     def at(k: int):

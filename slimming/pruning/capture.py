@@ -27,6 +27,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..errors import first_line
+from ..utils.modules import hooked
 
 _SHORTCUT = {torch.conv1d, torch.conv2d, torch.conv3d}
 
@@ -62,7 +63,7 @@ def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool 
     to buffers (BatchNorm statistics) are undone. An error the listener raises passes as it is;
     one of the model's is a ``CaptureError``."""
     depth = [0]  # > 0 inside a leaf module
-    hooks, saved = [], [(b, b.clone()) for b in model.buffers()] if training else []
+    saved = [(b, b.clone()) for b in model.buffers()] if training else []
 
     def enter(name: str, m: nn.Module):
         is_leaf = leaf(m)
@@ -81,13 +82,13 @@ def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool 
         return hook
 
     blank = not any(bool(t.any()) for t in inputs if isinstance(t, torch.Tensor))
+    named = list(model.named_modules())
     try:
-        for name, m in model.named_modules():
-            hooks.append(m.register_forward_pre_hook(enter(name, m)))
-            hooks.append(m.register_forward_hook(leave(name, m)))
         model.train(training)
         try:
-            with torch.no_grad(), _Mode(listener, depth, blank):
+            with hooked(pre=[(m, enter(name, m)) for name, m in named],
+                        post=[(m, leave(name, m)) for name, m in named]), \
+                    torch.no_grad(), _Mode(listener, depth, blank):
                 return model(*inputs)
         except _Passed as e:
             raise e.error from None
@@ -97,8 +98,6 @@ def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool 
             raise CaptureError(f"{type(model).__name__} does not run{mode} on example_inputs of shape "
                                f"{shapes}: {first_line(e, 160)}") from None
     finally:
-        for h in hooks:
-            h.remove()
         with torch.no_grad():
             for b, value in saved:
                 b.copy_(value)

@@ -8,6 +8,7 @@ from torch import nn
 from ..errors import SlimmingError, clip
 from ..layers.gates import attach, gated_layers
 from ..utils.modules import eager_model
+from .graph import Side
 from .prune import default_example
 from .trace import trace
 
@@ -48,11 +49,11 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
     readers: dict[int, list] = {}
     per_head: dict[str, int] = {}
     for use in graph.uses:
-        if use.kind.endswith("_in"):
+        if use.side is Side.IN:
             m = graph.resolve(use.map)
             for r in {graph.find(s.space) for s in m.segs}:
                 readers.setdefault(r, []).append((use.module, use.kind, m))
-            found = graph.heads_of(use.map) if heads and use.kind in ("linear_in", "conv_in") else None
+            found = graph.heads_of(use.map) if heads and use.kind in ("linear", "conv") else None
             if found is not None and getattr(model.get_submodule(use.module), "groups", 1) == 1:
                 per_head[use.module] = found[1]
     for name in (*graph.by_weight, *graph.unbaked):  # called through its weight, never its forward: a
@@ -82,7 +83,7 @@ def _gateable(model: nn.Module, name: str, kind: str, m, size: int, anywhere: bo
     channels: a linear layer or a convolution of one group, reading them unflattened; all of
     its input that group alone, unless ``anywhere``."""
     whole = len(m.segs) == 1 and m.segs[0].start == 0 and m.segs[0].length == size
-    return kind in ("linear_in", "conv_in") and getattr(model.get_submodule(name), "groups", 1) == 1 \
+    return kind in ("linear", "conv") and getattr(model.get_submodule(name), "groups", 1) == 1 \
         and m.factor == 1 and (whole or anywhere)
 
 

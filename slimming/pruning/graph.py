@@ -30,6 +30,7 @@ Some sets of positions must keep equal counts (``equal``): the blocks of a group
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import NamedTuple
 
 import torch
@@ -114,20 +115,29 @@ class Map:
         return Map(out, self.factor, self.dim)
 
 
+class Side(str, Enum):
+    """Which of a layer's channels a ``Use`` is: those it reads, makes or carries (a BatchNorm,
+    a depthwise convolution, a layer scale). The values are the keys of a module's masks."""
+
+    IN = "in"
+    OUT = "out"
+    CHANNELS = "channels"
+
+
 @dataclass
 class Use:
     """A module that must be cut with the channels of ``map``: ``kind`` is its layer kind
-    (``slimming.layers.rules.RULES``) and its side: ``conv_in`` (the channels it reads),
-    ``conv_out`` (those it makes), or the kind alone for channels it carries (``bn``,
-    ``depthwise``, ``frozen_bn``, ``scale``: a per-channel parameter). ``attrs``: which of its
-    tensors played which part (``weight``: ``"weight"``, or a buffer such as a blur filter's
-    ``"filt"``), so those are the ones cut."""
+    (``slimming.layers.rules.RULES``: ``conv``, ``linear``, ``bn``, ``depthwise``, ...; or
+    ``scale``, a per-channel parameter; ``head_gate``), ``side`` which of its channels they are
+    (``Side``). ``attrs``: which of its tensors played which part (``weight``: ``"weight"``, or
+    a buffer such as a blur filter's ``"filt"``), so those are the ones cut."""
 
     module: str
     kind: str
     map: Map
     attrs: dict[str, str] = field(default_factory=dict)
     groups: int = 1  # a grouped convolution's groups; for a ``scale``, the dim of its channels
+    side: Side = Side.CHANNELS
 
     @property
     def slot(self) -> str | ScaleSlot:
@@ -135,7 +145,12 @@ class Use:
         ``"channels"`` (carried), or a ``ScaleSlot`` (a per-channel parameter along a dim)."""
         if self.kind == "scale":
             return ScaleSlot(self.attrs["weight"], self.groups)
-        return "in" if self.kind.endswith("_in") else "out" if self.kind.endswith("_out") else "channels"
+        return self.side.value
+
+
+def scores(use: Use) -> bool:
+    """Whether ``use`` carries channels its layer's scale factor scores (a BatchNorm's gamma)."""
+    return use.side is Side.CHANNELS and use.kind in RULES and RULES[use.kind].scores
 
 
 class ScaleSlot(NamedTuple):
@@ -157,16 +172,27 @@ class Kept:
     maps: list[Map]
 
 
+class Factor(NamedTuple):
+    """A run of a group's channels that a factor layer (a BatchNorm, a GroupNorm) scores:
+    positions ``pos`` to ``pos + count`` of ``layer`` are the group's channels ``start`` to
+    ``start + count``."""
+
+    layer: str
+    pos: int
+    start: int
+    count: int
+
+
 @dataclass
 class Group:
-    """Tied spaces of ``size`` channels each. ``bns``: (factor layer name, first position in
-    that layer, first channel of the group, count): the scores (BatchNorms, GroupNorms).
+    """Tied spaces of ``size`` channels each. ``bns``: the ``Factor`` runs that score them
+    (BatchNorms, GroupNorms).
     ``pinned``: positions always kept (None: none). ``prunable`` False: every position is
     pinned, ``reason`` says why."""
 
     size: int
     spaces: list[int]
-    bns: list[tuple[str, int, int, int]] = field(default_factory=list)
+    bns: list[Factor] = field(default_factory=list)
     prunable: bool = True
     reason: str = ""
     pinned: torch.Tensor | None = None
@@ -174,7 +200,7 @@ class Group:
 
     def __repr__(self) -> str:
         pinned = 0 if self.pinned is None else int(self.pinned.sum())
-        names = sorted({b[0] for b in self.bns})
+        names = sorted({b.layer for b in self.bns})
         shown = ", ".join(names[:3]) + (f", ... ({len(names)})" if len(names) > 3 else "")
         state = "prunable" if self.prunable else f"kept: {self.reason}"
         return f"Group({self.size} channels, {pinned} pinned, factors [{shown}], {state})"
@@ -447,17 +473,18 @@ class ChannelGraph:
         readers = []
         for use in self.uses:
             m = self.resolve(use.map)
-            if use.kind in RULES and RULES[use.kind].scores:
+            if scores(use):
                 pos = 0
                 for seg in m.segs:
                     bns = by_root[self.find(seg.space)].bns
-                    if (use.module, pos, seg.start, seg.length) not in bns:  # a BN called twice
-                        bns.append((use.module, pos, seg.start, seg.length))
+                    factor = Factor(use.module, pos, seg.start, seg.length)
+                    if factor not in bns:  # a BN called twice
+                        bns.append(factor)
                     pos += seg.length
-            elif use.kind.endswith("_in"):
+            elif use.side is Side.IN:
                 readers.append((use.module, m))
         for g in by_root.values():
-            affine = [b for b in g.bns if getattr(self.model.get_submodule(b[0]), "weight", None)
+            affine = [b for b in g.bns if getattr(self.model.get_submodule(b.layer), "weight", None)
                       is not None]
             if not affine:
                 pin(Seg(g.spaces[0], 0, g.size, False), Reason(UNSCORED, "unscored"))
@@ -472,7 +499,7 @@ class ChannelGraph:
                 g.prunable, g.reason = False, g.reasons[0]
         groups = list(by_root.values())
         order = {name: i for i, (name, _) in enumerate(self.model.named_modules())}
-        groups.sort(key=lambda g: min((order.get(b[0], 1 << 30) for b in g.bns),
+        groups.sort(key=lambda g: min((order.get(b.layer, 1 << 30) for b in g.bns),
                                       default=1 << 30))
         return groups
 
@@ -533,7 +560,7 @@ def kept_summary(graph: ChannelGraph, limit: int = 6) -> str:
     many such channels, each counted once); empty when none did."""
     scored = set()
     for use in graph.uses:
-        if use.kind in RULES and RULES[use.kind].scores and "weight" in use.attrs:
+        if scores(use) and "weight" in use.attrs:
             scored |= {graph.find(s.space) for s in graph.resolve(use.map).segs}
     rows: dict[tuple[str, str, str], tuple[set[str], dict[int, torch.Tensor]]] = {}
     for k in graph.kept:

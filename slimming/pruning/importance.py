@@ -70,7 +70,7 @@ class BNScale(Importance):
     def __call__(self, model: nn.Module, group: Group) -> torch.Tensor:
         per = torch.zeros(len(group.bns), group.size)
         seen = torch.zeros(len(group.bns), group.size, dtype=torch.bool)
-        for i, (name, pos, start, length) in enumerate(group.bns):
+        for i, (name, pos, start, length) in enumerate(group.bns):  # Factor runs
             weight = model.get_submodule(name).weight
             if weight is None:
                 continue

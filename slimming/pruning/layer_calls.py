@@ -27,7 +27,7 @@ from torch import nn
 from ..layers.baked import same_pads
 from ..layers.rules import RULES, is_layer, layer_kind
 from .capture import Call
-from .graph import Map, Seg, Use
+from .graph import Map, Seg, Side, Use
 from .ops import Step, Walk, arg, tensors
 
 
@@ -118,13 +118,13 @@ def _same_padded(w: Walk, m: nn.Module, name: str, x_t) -> bool:
     """Whether ``x_t`` is ``m``'s input padded with zeros as TensorFlow's SAME padding does (and
     ``m`` says so: timm's ``same_pad``), which the baked layer does again (``Conv2dSame``)."""
     entry, made = w.entry.get(name), w.pads.get(id(x_t))
-    if getattr(m, "same_pad", False) is not True or made is None or made[0] is not x_t \
-            or made[1] is not entry or entry is None or entry.dim() != 4 or made[3] != "constant" \
-            or made[4] not in (None, 0, 0.0):
+    if getattr(m, "same_pad", False) is not True or made is None or made.out is not x_t \
+            or made.of is not entry or entry is None or entry.dim() != 4 or made.mode != "constant" \
+            or made.value not in (None, 0, 0.0):
         return False
     (top, bottom), (left, right) = (same_pads(n, k, st, d) for n, k, st, d in
                                     zip(entry.shape[-2:], m.kernel_size, m.stride, m.dilation))
-    return list(made[2]) == [left, right, top, bottom]
+    return list(made.pad) == [left, right, top, bottom]
 
 
 def baked_left(w: Walk, name: str, out) -> None:
@@ -289,8 +289,8 @@ def produce(w: Walk, name: str, kind: str, x: Map, width: int, ignored: bool, ou
     if space is None:
         space = w.g.new_space(width, why)
         w.made[name] = (space, x)
-        w.g.uses.append(Use(name, f"{kind}_out", Map([Seg(space, 0, width, False)]), attrs, groups))
-    w.g.uses.append(Use(name, f"{kind}_in", x, attrs, groups))
+        w.g.uses.append(Use(name, kind, Map([Seg(space, 0, width, False)]), attrs, groups, Side.OUT))
+    w.g.uses.append(Use(name, kind, x, attrs, groups, Side.IN))
     w.set(out, Map([Seg(space, 0, width, False)], dim=dim))
     return space
 

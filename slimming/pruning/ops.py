@@ -159,6 +159,16 @@ def tensors(value) -> list[torch.Tensor]:
     return []
 
 
+class Padded(NamedTuple):
+    """What ``F.pad`` made (``out``), of what (``of``), with which ``pad``, ``mode`` and ``value``."""
+
+    out: torch.Tensor
+    of: torch.Tensor
+    pad: Any
+    mode: str
+    value: Any
+
+
 class Step(NamedTuple):
     """One call of the forward as a handler sees it: the op's name (``relu`` for ``relu_``
     and ``F.relu`` alike), the function, its arguments and result, and ``inputs``: the tracked
@@ -192,7 +202,7 @@ class Walk(Protocol):
     by_params: dict[int, weakref.ref]  # untracked tensors computed from parameters alone
     rewritten: set[int]  # parameters or buffers the forward wrote other values into
     entry: dict[str, torch.Tensor | None]  # module -> the first tensor its forward was given
-    pads: dict[int, tuple]  # id of a tensor F.pad made -> (it, what it padded, pad, mode, value)
+    pads: dict[int, Padded]  # id of a tensor F.pad made -> what it made, of what
     baking: dict[str, torch.Tensor]  # layer convolving with a weight it computed -> that call's output
 
     def get(self, t) -> Map | None:

@@ -1,4 +1,5 @@
-"""What a budget asked and what the cut achieved, as typed records (``PruneResult.budget``).
+"""What a prune gives, as typed records: ``PruneResult`` (the smaller network and how it was cut
+from the original), and what a budget asked and the cut achieved (``PruneResult.budget``).
 
 ``CountBudget`` is a FLOPs or parameter budget's; ``LatencyBudget`` a latency budget's, with
 every measured round (``LatencyRound``). Figures of latency are the estimates of
@@ -16,6 +17,11 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field, fields
+
+import torch
+from torch import nn
+
+ModuleMasks = dict[str, dict[str, torch.Tensor]]  # conv/linear name -> {"in"/"out": keep-mask}
 
 
 class _Keyed:
@@ -176,3 +182,47 @@ def _old(d: dict) -> dict:
            "ratio": fraction, "ratio_spread": d.get("fraction_spread", 0.0), "samples": 0}
     return {"what": "latency", "unit": d["kind"], "asked": d.get("asked"), "target_ms": d.get("target"),
             "met": d.get("met", True), "rounds": [one], "batch": d.get("batch"), "table": d.get("table")}
+
+
+@dataclass
+class PruneResult:
+    """What ``prune`` returns: the smaller network and how it was cut from the original."""
+
+    model: nn.Module
+    # a family's widths; for a traced network {factor layer name: width}, the factor layers being
+    # its BatchNorms, GroupNorms and LayerNorms (``slimming.layers.rules.is_factor_layer``; gates
+    # are in cfg_mask and masks, not here: folded away)
+    cfg: list | dict
+    cfg_mask: list[torch.Tensor]  # one bool mask per BatchNorm2d (a family) or factor layer, modules() order
+    threshold: float | None  # largest score removed (percent) or the threshold given
+    layer_names: list[str]  # the original's BatchNorm2d (or factor layer) names, in cfg_mask order
+    guarded: list[str] = field(default_factory=list)  # layers the min_channels guard refilled
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # factor layer name -> keep-mask
+    layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
+    compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
+    verified: float | None = None  # the check's largest relative difference (None: not checked)
+    widths: list = field(default_factory=list)  # integer widths set: surgery.WidthChange records
+    # what a budget asked and the cut achieved (``slimming.pruning.records``); None without one
+    budget: CountBudget | LatencyBudget | None = None
+    # (channels the rule ranks, of them cut): a channel that layers share (a residual stream,
+    # a concatenation's reader) counts once; channels the graph keeps (pinned) are not ranked.
+    # ``percent`` asks floor(percent * ranked); the limits (min_channels, equal groups) may keep more
+    ranked: tuple[int, int] | None = None
+    # cuts the check (or the unchecked run) refused, each a Retry: what the next cut kept, and why
+    retries: list = field(default_factory=list)
+    # modules whose forward read values computed from the input (``if x.mean() > 0.3``; "" the
+    # model's own): traced and checked on images in [0, 1] too, where the path may differ
+    value_reads: list[str] = field(default_factory=list)
+    # layers whose forward computed their weight (weight standardisation), baked into the plain
+    # layer they ran where the cut touched them or a gate folds into them (``slimming.layers.baked``):
+    # {name: that weight}
+    baked: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.masks:
+            self.masks = dict(zip(self.layer_names, self.cfg_mask))
+
+    def layer_table(self) -> list[tuple[str, int, int]]:
+        """(layer name, channels before, channels after) for every BatchNorm2d (a family) or
+        factor layer (a traced network)."""
+        return [(n, m.numel(), int(m.sum())) for n, m in zip(self.layer_names, self.cfg_mask)]

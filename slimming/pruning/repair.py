@@ -39,7 +39,7 @@ from torch import nn
 
 from ..errors import SlimmingError
 from ..utils.devices import full_precision
-from ..utils.modules import modes_kept
+from ..utils.modules import hooked, modes_kept
 from .norms import kept_statistics
 from .ops import leaves, picker
 from .trace import as_inputs
@@ -189,21 +189,21 @@ def _reference_inputs(original: nn.Module, masks: dict, readers, probe,
                       pick=None) -> tuple[dict, torch.Tensor]:
     """What each reader receives from the original with the cut channels' gamma at zero, on
     the probe images, and that network's output (the gammas are restored, whatever happens)."""
-    seen, hooks, saved = {}, [], []
+    seen, saved = {}, []
+
+    def input_of(name):
+        return lambda m, args, out: seen.__setitem__(name, args[0].detach())
+
+    hooks = [(original.get_submodule(name), input_of(name)) for name in readers]
     try:
         for name, keep in masks.items():
             bn = original.get_submodule(name)
             if bn.weight is not None and not bool(keep.all()):
                 saved.append((bn, bn.weight.detach().clone()))
                 bn.weight.detach()[~keep.to(bn.weight.device)] = 0
-        for name in readers:
-            hooks.append(original.get_submodule(name).register_forward_hook(
-                lambda m, args, out, name=name: seen.__setitem__(name, args[0].detach())))
-        with kept_statistics(original, masks):
+        with hooked(post=hooks), kept_statistics(original, masks):
             output = _run(original, probe, pick)
     finally:
-        for h in hooks:
-            h.remove()
         for bn, weight in saved:
             bn.weight.detach().copy_(weight)
     return seen, output
@@ -213,7 +213,7 @@ def _batchnorm_after(model: nn.Module, readers, probe: tuple,
                      pick=None) -> tuple[torch.Tensor, dict[str, nn.Module]]:
     """``model``'s outputs on ``probe`` (``_run``), and for each reader the BatchNorm that takes
     its output directly, if one does (found in that same forward by matching tensors)."""
-    outputs, found, hooks = {}, {}, []
+    outputs, found = {}, {}
 
     def after(name):  # the tensor is kept, so that its id cannot pass to another one
         return lambda m, args, out: outputs.__setitem__(id(out), (name, out))
@@ -225,16 +225,9 @@ def _batchnorm_after(model: nn.Module, readers, probe: tuple,
                 found[name] = bn
         return hook
 
-    try:
-        for name in readers:
-            hooks.append(model.get_submodule(name).register_forward_hook(after(name)))
-        for m in model.modules():
-            if isinstance(m, _BN):
-                hooks.append(m.register_forward_pre_hook(before(m)))
+    with hooked(pre=[(m, before(m)) for m in model.modules() if isinstance(m, _BN)],
+                post=[(model.get_submodule(name), after(name)) for name in readers]):
         output = _run(model, probe, pick)
-    finally:
-        for h in hooks:
-            h.remove()
     return output, found
 
 

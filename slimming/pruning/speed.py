@@ -37,7 +37,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..errors import SlimmingError, parse_latency
+from ..errors import SlimmingError
 from ..measure import timing
 from ..measure.latency import LatencyModel
 from ..utils.modules import modes_kept
@@ -181,15 +181,16 @@ def _next_goal(seen: list[tuple], asked: float) -> float:
     return goal * asked / max(got, 1e-12)
 
 
-def search(model: nn.Module, plan, inputs: tuple, target_latency, limits: dict,
+def search(model: nn.Module, plan, inputs: tuple, amount, limits: dict,
            cost: LatencyModel | None = None, checked: bool = False):
-    """The PruneResult whose measured latency meets ``target_latency`` (a fraction of the
-    original's, or milliseconds), with its ``LatencyBudget``: asked, achieved and spread, each
+    """The PruneResult whose measured latency meets ``amount``, a ``target_latency``
+    (``slimming.pruning.amount.Amount``: a fraction of the original's, or milliseconds), with
+    its ``LatencyBudget``: asked, achieved and spread, each
     round's estimate and measurement, the runtime and the table's cost. SlimmingError where
     the machine is too noisy to measure it (``NOISE``). A cut whose forward fails is
     ``budget.search``'s case: GraphError, or with ``checked`` returned unmeasured for the
     caller's check to refuse."""
-    unit, asked = parse_latency(target_latency)
+    unit, asked, target_latency = amount.unit, amount.value, amount.given
     sizes = [len(s) for s in plan.scores]
     est, cost, original, key, memory = setup(model, plan, inputs, cost, sizes, PRECISION)
     if original.relative > NOISE and original.samples:

@@ -8,11 +8,19 @@ applies the plan to a copy of the model, each layer by the rule of its kind
 ``update_widths`` sets the integer attributes that held a width the cut changed.
 (``slimming.layers.resize.resize_like`` is the way back: a freshly built network given a
 pruned state_dict's widths.)
+
+A registered family is cut by the surgery its class declares (``SURGERY``), on a network
+rebuilt as ``Net(cfg)``: ``"chain"`` (NIN, VGG) walks the old and new ``modules()`` side by
+side with a ``start_mask`` (input channels) and an ``end_mask`` (output channels), as the
+paper's code does (``copy_chain_weights``); ``"sliced"`` (the pre-activation ResNet and
+DenseNet, whose layers read shared tensors) cuts per BN exactly the weights the family lists
+(``channel_slices()``, ``copy_sliced_weights``).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -21,9 +29,11 @@ from torch import nn
 from ..layers.baked import bake
 from ..layers.gates import ATTR as GATE
 from ..layers.rules import RULES, ChannelGate, is_layer
+from ..models.common import BN_STATE
 from ..utils.modules import keep_slices
-from .graph import ChannelGraph, GraphError, Map, ScaleSlot, Use, structure_copy
+from .graph import ChannelGraph, GraphError, Map, ScaleSlot, structure_copy
 from .ops import HEAD_ATTRS
+from .records import ModuleMasks
 
 
 def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -61,7 +71,7 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
                 RULES["scale"].cut(m, {"channels": mask}, {"weight": key.attr}, key.dim)
         use = how.get(name)
         if use is not None:
-            RULES[kind_of(use)].cut(m, keep, use.attrs, use.groups)
+            RULES[use.kind].cut(m, keep, use.attrs, use.groups)
     for name, heads in head_masks(graph, masks).items():  # per-head tensors of an attention cut by heads
         m = new.get_submodule(name)
         for key, p in list(m._parameters.items()):  # its own (a relative position bias table)
@@ -94,12 +104,6 @@ def head_masks(graph: ChannelGraph, masks: dict[str, dict[str, torch.Tensor]]) -
         if keep is not None and not bool(keep.all()):
             found[name] = keep
     return found
-
-
-def kind_of(use: Use) -> str:
-    """The layer kind of a use (``conv_in`` -> ``conv``)."""
-    return use.kind[:-3] if use.kind.endswith("_in") else use.kind[:-4] if use.kind.endswith("_out") \
-        else use.kind
 
 
 # integer attributes that never hold a width, whatever value they have
@@ -211,3 +215,91 @@ def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_mask
             _change(module, WidthChange(name, attr, value, next(iter(found)), sure), changed)
         else:
             unclear.append(prefix + attr)
+
+
+# A registered family's own surgery: its network rebuilt as Net(cfg), filled by a walk
+
+def _take(t: torch.Tensor, dim: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """A copy of ``t``, cut to ``mask`` along ``dim`` when there is one."""
+    return t.detach().clone() if mask is None else keep_slices(t, mask, dim)
+
+
+def copy_chain_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> ModuleMasks:
+    """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
+
+    ``cfg_mask`` has one mask per BatchNorm2d of ``old`` in ``modules()`` order. For a chain
+    network (conv -> BN -> ... -> linear): a conv keeps input channels ``start_mask`` and output
+    channels ``end_mask``; a BN keeps ``end_mask``; a linear keeps input columns ``start_mask``.
+    Loading is strict, so a tensor this walk missed is an error, not uninitialised memory.
+    Returns each conv's and linear layer's kept input and output channels.
+    """
+    masks = iter(cfg_mask)
+    start_mask, end_mask = None, next(masks, None)
+    state, cut = {}, {}
+    for (name, m0), (_, m1) in zip(old.named_modules(), new.named_modules()):
+        if type(m0) is not type(m1):
+            raise ValueError(f"module {name!r}: {type(m0).__name__} vs {type(m1).__name__}")
+        prefix = f"{name}." if name else ""
+        if isinstance(m0, nn.BatchNorm2d):
+            for key in BN_STATE:
+                state[prefix + key] = _take(getattr(m0, key), 0, end_mask)
+            state[prefix + "num_batches_tracked"] = m0.num_batches_tracked.detach().clone()
+            start_mask, end_mask = end_mask, next(masks, None)
+        elif isinstance(m0, nn.Conv2d):
+            state[prefix + "weight"] = _take(_take(m0.weight, 1, start_mask), 0, end_mask)
+            if m0.bias is not None:
+                state[prefix + "bias"] = _take(m0.bias, 0, end_mask)
+            cut[name] = {k: v for k, v in (("in", start_mask), ("out", end_mask)) if v is not None}
+        elif isinstance(m0, nn.Linear):
+            state[prefix + "weight"] = _take(m0.weight, 1, start_mask)
+            if m0.bias is not None:
+                state[prefix + "bias"] = m0.bias.detach().clone()
+            cut[name] = {"in": start_mask} if start_mask is not None else {}
+    new.load_state_dict(state, assign=True)
+    return cut
+
+
+def copy_sliced_weights(old: nn.Module, new: nn.Module, cfg_mask: list[torch.Tensor]) -> ModuleMasks:
+    """Fill ``new`` (possibly on the meta device) with the kept weights of ``old``.
+
+    ``old.channel_slices()`` lists, per BatchNorm2d in ``modules()`` order (``cfg_mask``'s
+    order), the (state_dict key, dim) pairs whose extent along dim is that BN's channels; each
+    is cut to the mask's kept channels (a conv weight may be cut twice: its output channels by
+    one BN's mask, its input channels by another's). Every other tensor is copied whole. Strict
+    loading turns any tensor the plan left at a wrong shape into an error. Returns each conv's
+    and linear layer's kept input and output channels.
+    """
+    plan = old.channel_slices()
+    if len(plan) != len(cfg_mask):
+        raise ValueError(f"{len(cfg_mask)} masks for {len(plan)} BatchNorm layers")
+    cuts: dict[str, list[tuple[int, torch.Tensor]]] = {}
+    for slices, mask in zip(plan, cfg_mask):
+        for key, dim in slices:
+            cuts.setdefault(key, []).append((dim, mask))
+    state = {}
+    for key, t in old.state_dict().items():
+        t = t.detach()
+        for dim, mask in cuts.pop(key, [(0, None)]):
+            if mask is not None and mask.numel() != t.shape[dim]:
+                raise ValueError(f"{key}: a mask of {mask.numel()} for {t.shape[dim]} channels (dim {dim})")
+            t = _take(t, dim, mask)
+        state[key] = t
+    if cuts:
+        raise ValueError(f"channel_slices() names tensors the model lacks: {', '.join(sorted(cuts))}")
+    new.load_state_dict(state, assign=True)
+    layers = {name for name, m in old.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    cut: ModuleMasks = {}
+    for slices, mask in zip(plan, cfg_mask):
+        for key, dim in slices:
+            name = key.rsplit(".", 1)[0]
+            if name in layers and key.endswith(".weight") and dim in (0, 1):
+                cut.setdefault(name, {})["out" if dim == 0 else "in"] = mask
+    return cut
+
+
+# How a family is cut once the masks are known, by the ``surgery`` its Net class declares
+# (slimming.models.registry).
+SURGERY: dict[str, Callable[[nn.Module, nn.Module, list[torch.Tensor]], ModuleMasks]] = {
+    "chain": copy_chain_weights,
+    "sliced": copy_sliced_weights,
+}

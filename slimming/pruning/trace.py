@@ -66,6 +66,7 @@ from .ops import (
     VALUE_OPS,
     ZERO_OPS,
     Handler,
+    Padded,
     Step,
     arg,
     in_place,
@@ -169,7 +170,7 @@ class Walk:
         self.by_params: dict[int, weakref.ref] = {}  # untracked tensors computed from parameters alone
         self.rewritten: set[int] = set()  # parameters or buffers the forward wrote other values into
         self.entry: dict[str, torch.Tensor | None] = {}  # module -> the first tensor it was given
-        self.pads: dict[int, tuple] = {}  # F.pad's outputs: (it, what it padded, pad, mode, value)
+        self.pads: dict[int, Padded] = {}  # F.pad's outputs: what each made, of what
         self.baking: dict[str, torch.Tensor] = {}  # layer -> its call with a weight it computed
 
     def run(self, inputs: tuple, training: bool) -> None:
@@ -467,7 +468,7 @@ def _from_params(w: Walk, op: str, c: Call, given: list[torch.Tensor], writes: b
             w.by_params[id(t)] = weakref.ref(t)
     if op == "pad" and isinstance(c.out, torch.Tensor) and given:
         mode, value = arg(c.args, c.kwargs, 2, "mode", "constant"), arg(c.args, c.kwargs, 3, "value", None)
-        w.pads[id(c.out)] = (c.out, given[0], arg(c.args, c.kwargs, 1, "pad"), mode, value)
+        w.pads[id(c.out)] = Padded(c.out, given[0], arg(c.args, c.kwargs, 1, "pad"), mode, value)
 
 
 def _derived(w: Walk, t: torch.Tensor) -> bool:

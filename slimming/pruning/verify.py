@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import first_line
-from ..utils.modules import modes_kept
+from ..utils.modules import hooked, modes_kept
 from .graph import GraphError
 from .norms import kept_statistics
 from .ops import leaves, picker
@@ -180,7 +180,7 @@ def named(error: GraphError, module: str) -> GraphError:
 
 def _run_named(model: nn.Module, inputs: tuple):
     """``model(*inputs)``; a failure names the innermost module it happened in."""
-    stack, hooks = [], []
+    stack = []
 
     def enter(name):
         def hook(m, args) -> None:
@@ -191,18 +191,13 @@ def _run_named(model: nn.Module, inputs: tuple):
         if stack:
             stack.pop()
 
-    try:
-        for name, m in model.named_modules():
-            hooks.append(m.register_forward_pre_hook(enter(name)))
-            hooks.append(m.register_forward_hook(leave))
+    named = list(model.named_modules())
+    with hooked(pre=[(m, enter(name)) for name, m in named], post=[(m, leave) for _, m in named]):
         try:
             return model(*inputs)
         except Exception as e:  # noqa: BLE001 (any failure of the pruned network is reported)
             name = stack[-1] if stack and stack[-1] else "the model's forward"
             raise _Failed(name, first_line(e, 160)) from None
-    finally:
-        for h in hooks:
-            h.remove()
 
 
 @contextlib.contextmanager
@@ -227,18 +222,17 @@ def nudged(model: nn.Module, scale: float = 1e-6):
 def _outputs(model: nn.Module, inputs: tuple, pick=None) -> tuple[list[str], dict[str, list[torch.Tensor]]]:
     """Every module's outputs on ``inputs`` (the first call of each), in the order they finish;
     the model's own (``""``) as ``pick`` takes them (``output_transform``)."""
-    order, outs, hooks = [], {}, []
-    for name, m in model.named_modules():
-        def hook(m, args, out, name=name):
+    order, outs = [], {}
+
+    def seen(name):
+        def hook(m, args, out):
             if name not in outs:
                 order.append(name)
                 outs[name] = [t.detach().clone() for t in leaves(pick(out) if pick and not name else out)]
-        hooks.append(m.register_forward_hook(hook))
-    try:
+        return hook
+
+    with hooked(post=[(m, seen(name)) for name, m in model.named_modules()]):
         model(*inputs)
-    finally:
-        for h in hooks:
-            h.remove()
     return order, outs
 
 

@@ -57,6 +57,21 @@ def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: b
 
 
 @contextlib.contextmanager
+def hooked(pre=(), post=()):
+    """The one harness for observing a forward: the forward pre-hooks ``pre`` and forward hooks
+    ``post`` ((module, hook) pairs, torch's signatures) for the block, every one removed when it
+    ends, whatever happens."""
+    handles = []
+    try:
+        handles += [m.register_forward_pre_hook(hook) for m, hook in pre]
+        handles += [m.register_forward_hook(hook) for m, hook in post]
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
 def restored_on_error(model: nn.Module, values: bool = False):
     """Every module's tensors (parameters, buffers), integer attributes and class (a
     ``MultiheadAttention`` a load made slimming's, a layer it baked, without the mark it left)
