@@ -11,6 +11,7 @@ from conftest import rel_diff, sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
+from slimming.pruning.ops import leaves
 
 
 class Conv(nn.Module):
@@ -94,3 +95,30 @@ def test_an_output_transform_that_is_no_function_or_fails_is_one_line_and_change
         slimming.prune(model, percent=0.4, example_inputs=x, output_transform=lambda out: out["y"])
     assert "\n" not in str(e.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def forgot_its_return(out):
+    out[0].sum()
+
+
+@pytest.mark.parametrize("transform", [forgot_its_return, lambda out: 3, lambda out: "y",
+                                       lambda out: torch.zeros(1), lambda out: torch.randn(1, 7, 8),
+                                       lambda out: out[0] * 2, lambda out: (None, {"n": 1})],
+                         ids=["None", "a number", "a string", "a constant", "a fresh tensor",
+                              "computed from the output", "no tensor"])
+@pytest.mark.parametrize("net", ["detector", "backbone"])
+def test_an_output_transform_returning_nothing_of_the_output_is_refused_and_changes_nothing(net, transform):
+    """Nothing of the output pinned, the network's own output would lose channels and the check
+    pass (a backbone's (1, 8, 16, 16) came back (1, 4, 16, 16)): refused in one line instead, the
+    model's outputs bit for bit as before."""
+    model = (PassingYOLO() if net == "detector" else nn.Sequential(Conv(3, 8), Conv(8, 8))).eval()
+    sparsity_shaped(model, 0)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        before = model(x)
+    with pytest.raises(slimming.SlimmingError, match="nothing of the model's output") as e:
+        slimming.prune(model, percent=0.4, example_inputs=x, output_transform=transform)
+    assert "\n" not in str(e.value) and e.value.params == ("output_transform",)
+    with torch.no_grad():
+        after = model(x)
+    assert all(torch.equal(a, b) for a, b in zip(leaves(after), leaves(before)))

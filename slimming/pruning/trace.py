@@ -149,6 +149,7 @@ class Walk:
                  follow_sizes: bool = True, output_transform=None):
         self.model, self.ignore, self.keep_whole = model, ignore, whole
         self.follow_sizes, self.pick = follow_sizes, picker(output_transform)
+        self.transformed = output_transform is not None
         self.modules = dict(model.named_modules())
         self.g = ChannelGraph(model) if after is None else after.g.copy()
         self.maps: dict[int, tuple[torch.Tensor, Map]] = {}  # id -> (tensor kept alive, map)
@@ -192,6 +193,13 @@ class Walk:
             raise GraphError(f"{type(self.model).__name__}'s forward returns an iterator (a generator): its "
                              "outputs, whose channels must stay, cannot be read before they are used; return "
                              "a tensor, a tuple, a list or a dict")
+        if self.transformed and not any(self.get(t) is not None for t in leaves(picked)):
+            # nothing of the output would be pinned: the network's own output would lose channels
+            got = "a tensor the forward did not compute" if isinstance(picked, torch.Tensor) \
+                else type(picked).__name__
+            raise SlimmingError(f"output_transform returned {got}, nothing of the model's output: it "
+                                "picks the outputs whose channels must stay (lambda out: out[0]) and returns "
+                                "them as they are", param="output_transform")
         for t in leaves(picked):
             self.pin_tensor(t, "the model's output")
 
