@@ -303,6 +303,13 @@ def test_files_written_before_the_families_moved_load_and_compute_the_same(name)
 
     from slimming import load_model, load_pruned, models
 
+    if name.startswith("timm"):
+        timm = pytest.importorskip("timm")
+        arch = "test_resnet" if "resnet" in name else "test_vit"
+        try:  # the oldest timm setup.py allows (1.0.8) has no test_resnet, nor a test_vit built on meta
+            models.build(f"timm:{arch}", num_classes=10, input_size=[3, 64, 64], empty=True)
+        except ValueError:
+            pytest.skip(f"timm {timm.__version__} cannot build {arch} as 0.2.0 did")
     folder = REPO / "tests" / "data" / "v0.2"
     expected = torch.load(folder / "expected.pt", weights_only=True)
     x = expected["input32" if name.startswith("vgg") else "input64"]
