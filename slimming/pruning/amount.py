@@ -64,6 +64,3 @@ class Amount:
     def what(self) -> str | None:
         """``"flops"`` or ``"params"`` for a count budget, else None."""
         return {"target_flops": "flops", "target_params": "params"}.get(self.kind)
-
-    def __str__(self) -> str:
-        return f"{self.kind}={self.given}"
