@@ -385,7 +385,7 @@ def test_attentions_with_relative_positions_or_class_attention_are_cut_with_thei
     torch.manual_seed(seed)
     model = MET_TWICE[name]().eval()
     slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
-    assert gates(model) and trace(model, torch.zeros(1, 3, 32, 32)).unseen == []  # they ran
+    assert gates(model) and trace(model, torch.zeros(1, 3, 32, 32)).coverage.unseen == []  # they ran
     sparsity_shaped(model, seed)
     result, _, _ = cut_at_random(model, seed)
     size = [sum(p.numel() for p in m.parameters()) for m in (result.model, model)]

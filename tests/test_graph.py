@@ -81,7 +81,7 @@ def test_the_traced_path_agrees_with_the_families_surgery(arch):
 
 def test_residual_sums_tie_their_batchnorms_into_one_group():
     model = torchvision.models.resnet18(num_classes=10).eval()
-    groups = trace(model, torch.zeros(1, 3, 64, 64)).groups()
+    groups = trace(model, torch.zeros(1, 3, 64, 64)).graph.groups()
     stream = next(g for g in groups if any(b[0] == "bn1" for b in g.bns))
     assert {b[0] for b in stream.bns} == {"bn1", "layer1.0.bn2", "layer1.1.bn2"}
     stage2 = next(g for g in groups if any(b[0] == "layer2.0.downsample.1" for b in g.bns))
@@ -193,7 +193,7 @@ def test_grouped_convolutions_are_cut_by_equal_counts_in_every_group():
 
 def test_group_scores_max_mean_and_sum():
     model = torchvision.models.resnet18(num_classes=10).eval()
-    graph = trace(model, torch.zeros(1, 3, 64, 64))
+    graph = trace(model, torch.zeros(1, 3, 64, 64)).graph
     stream = next(g for g in graph.groups() if len(g.bns) == 3)
     with torch.no_grad():
         for i, (name, *_rest) in enumerate(stream.bns):

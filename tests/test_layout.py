@@ -270,6 +270,28 @@ def test_the_pruning_core_stays_in_parts_a_reader_can_hold():
     assert big == []
 
 
+def test_the_channel_graph_keeps_the_channel_algebra_and_the_trace_its_records_beside_it():
+    """ChannelGraph at most 12 fields (issue 44: 24, 15 of them a mailbox of what the trace found
+    for other parts); what the trace found beside the channels is in the records of ``Traced``,
+    each read by the part named for it."""
+    import torch
+    from torch import nn
+
+    from slimming.pruning.graph import ChannelGraph
+    from slimming.pruning.trace import trace
+    from slimming.pruning.traced import Baked, Coverage, Traced, Widths
+
+    assert len(vars(ChannelGraph(nn.Identity()))) <= 12
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 1))
+    found = trace(model, torch.zeros(1, 3, 8, 8))
+    assert isinstance(found, Traced) and isinstance(found.graph, ChannelGraph)
+    assert (type(found.widths), type(found.baked), type(found.coverage)) == (Widths, Baked, Coverage)
+    again = found.copy()  # what a second forward builds on leaves the first as it was
+    again.coverage.unseen.append("x")
+    again.widths.borders.setdefault("0", []).append(None)
+    assert found.coverage.unseen == [] and None not in found.widths.borders.get("0", [])
+
+
 def test_old_paths_are_the_new_modules():
     import importlib
 

@@ -286,7 +286,7 @@ def test_a_c2f_chunk_is_cut_in_equal_halves_and_each_half_on_its_own():
     half = result.masks["block.cv1.1"].view(2, -1).sum(1)
     assert half[0] == half[1]  # chunk(2) of the pruned tensor gives the pruned halves
     # the second half is tied to the bottlenecks' outputs (their residual sums), the first is not
-    graph = trace(model, torch.zeros(1, 3, 32, 32))
+    graph = trace(model, torch.zeros(1, 3, 32, 32)).graph
     second = next(g for g in graph.groups() if any(b[0] == "block.m.0.cv2.1" for b in g.bns))
     assert {b[0] for b in second.bns} >= {"block.cv1.1", "block.m.0.cv2.1", "block.m.1.cv2.1"}
     first = next(g for g in graph.groups() if any(b[0] == "block.cv1.1" and b[1] == 0 for b in g.bns))
@@ -294,10 +294,10 @@ def test_a_c2f_chunk_is_cut_in_equal_halves_and_each_half_on_its_own():
 
 
 def test_fixed_slices_and_splits_pin_the_channels_before_their_bounds():
-    graph = trace(RexSlice(), torch.zeros(1, 3, 32, 32))
+    graph = trace(RexSlice(), torch.zeros(1, 3, 32, 32)).graph
     pwl = next(g for g in graph.groups() if any(b[0] == "pwl.1" for b in g.bns))
     assert pwl.prunable and pwl.pinned[:16].all() and not pwl.pinned[16:].any()
-    graph = trace(CSPSplit(), torch.zeros(1, 3, 32, 32))
+    graph = trace(CSPSplit(), torch.zeros(1, 3, 32, 32)).graph
     exp = next(g for g in graph.groups() if any(b[0] == "exp.1" for b in g.bns))
     assert not exp.prunable and "split into fixed sizes" in exp.reason
 
@@ -382,8 +382,8 @@ def test_a_layer_the_example_never_runs_is_named_and_left_whole():
     model = Either()
     sparsity_shaped(model, 1)
     with pytest.warns(UserWarning, match=r"2 layer\(s\) did not run .* b\.0, b\.1"):
-        graph = trace(model, torch.zeros(1, 3, 32, 32))
-    assert "b.1" in graph.unseen
+        traced = trace(model, torch.zeros(1, 3, 32, 32))
+    assert "b.1" in traced.coverage.unseen
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 32, 32))
@@ -636,3 +636,48 @@ def test_a_detector_whose_proposals_flip_among_near_ties_is_checked_on_what_is_c
         ours = result.model.backbone(x)
         theirs = zeroed(model, result.masks).backbone(x)
     assert all(rel_diff(ours[k], theirs[k]) < 1e-4 for k in theirs)
+
+
+def test_each_analysis_of_the_forward_listens_on_its_own():
+    """``capture`` tells each listener in turn; the flow listeners (``slimming.pruning.flow``)
+    need no channel walk: where the forward read a value into Python, the rows a bias was made
+    of, what F.pad made and what was computed from parameters alone."""
+    from slimming.pruning.capture import capture
+    from slimming.pruning.flow import Inputs, Params, Piece
+
+    class Flows(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.part = nn.Parameter(torch.ones(2))
+
+        def forward(self, x):
+            bias = torch.cat([self.part, self.part])  # a bias made row by row of a parameter
+            weight = self.conv.weight - self.conv.weight.mean()  # computed from parameters alone
+            self.kept = weight
+            y = F.conv2d(F.pad(x, [1, 1, 1, 1]), weight, bias)
+            return y if x.mean() > 0 else -y  # a Python read of what the input became
+
+    model, x = Flows(), torch.randn(1, 3, 8, 8)
+    told = []
+
+    class Order:
+        def __init__(self, tag):
+            self.tag = tag
+
+        def enter(self, *a):
+            pass
+
+        def leave(self, *a):
+            pass
+
+        def call(self, c):
+            told.append(self.tag)
+
+    inputs, params = Inputs(lambda t: True if t is x else None), Params(model)
+    capture(model, (x,), [Order(0), inputs, params, Order(1)])
+    assert told and told[::2] == [0] * (len(told) // 2) and told[1::2] == [1] * (len(told) // 2)
+    assert inputs.reads == [""]  # the model's own forward read a value
+    assert [p for _, p in params.rows.values()] == [(Piece("", "part", 2), Piece("", "part", 2))]
+    assert params.alone(model.kept) and not params.alone(x)
+    assert [list(p.pad) for p in params.pads.values()] == [[1, 1, 1, 1]]

@@ -6,7 +6,7 @@ hybrids, ``ScaledStdConv2d`` in NFNets, a detector's ``ConvWS2d`` of your own) c
 each output row of its weight shifted and scaled by that row's own mean and variance. Cutting
 the rows would stay exact; cutting the input channels would not, while the layer standardises:
 each row's mean and variance change with the columns it loses. So where the cut touches such a
-layer, the weight its forward computed (``graph.computed``: what the trace saw it convolve
+layer, the weight its forward computed (``Baked.computed``: what the trace saw it convolve
 with, from its parameters alone) becomes its weight, cut like any convolution's, and the layer
 becomes the plain one it ran (``nn.Conv2d``; ``Conv2dSame`` where it padded its input as
 TensorFlow's SAME does): exactly what the original computed, on the kept channels. Its other

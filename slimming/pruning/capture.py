@@ -10,16 +10,17 @@ picked by index, dict and nested outputs), which torch.fx refuses; every torch f
 tensor method is seen with its real arguments (``dim``, slice bounds, split sizes), which the
 autograd graph does not keep, and no graph of gradients is built.
 
-The record is handed to a ``Listener`` call by call, not kept: a forward's tensors are freed as
-it goes, and a later in-place op cannot change what an earlier call is seen to have done. Inside
-a *leaf* module (one followed whole by its rule, as torch.fx's ``is_leaf_module``) the calls are
-not told. An all-zero example carries no values to follow, so there a convolution gives zeros
-of the shape it would give, without its arithmetic (most of a forward's time).
+The record is handed to its ``Listener``s call by call, each in turn, not kept: a forward's
+tensors are freed as it goes, and a later in-place op cannot change what an earlier call is
+seen to have done. Inside a *leaf* module (one followed whole by its rule, as torch.fx's
+``is_leaf_module``) the calls are not told. An all-zero example carries no values to follow, so
+there a convolution gives zeros of the shape it would give, without its arithmetic (most of a
+forward's time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -56,11 +57,12 @@ class CaptureError(Exception):
     """The model did not run on the inputs: the message says with which shapes, and why."""
 
 
-def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool = False,
+def capture(model: nn.Module, inputs: tuple, listeners: Sequence[Listener], training: bool = False,
             leaf: Callable[[nn.Module], bool] = lambda m: False) -> Any:
     """Run ``model(*inputs)`` without gradients in training or eval mode (the caller restores
-    the flag), telling ``listener`` what ran; returns the output. A training forward's changes
-    to buffers (BatchNorm statistics) are undone. An error the listener raises passes as it is;
+    the flag), telling each of ``listeners`` what ran, in their order (one analysis each, as
+    torch.fx's interpreters each read one graph); returns the output. A training forward's changes
+    to buffers (BatchNorm statistics) are undone. An error a listener raises passes as it is;
     one of the model's is a ``CaptureError``."""
     depth = [0]  # > 0 inside a leaf module
     saved = [(b, b.clone()) for b in model.buffers()] if training else []
@@ -69,7 +71,8 @@ def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool 
         is_leaf = leaf(m)
 
         def hook(module, args):
-            _told(listener.enter, name, module, args)
+            for listener in listeners:
+                _told(listener.enter, name, module, args)
             depth[0] += is_leaf
         return hook
 
@@ -78,7 +81,8 @@ def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool 
 
         def hook(module, args, out):
             depth[0] -= is_leaf
-            _told(listener.leave, name, module, args, out)
+            for listener in listeners:
+                _told(listener.leave, name, module, args, out)
         return hook
 
     blank = not any(bool(t.any()) for t in inputs if isinstance(t, torch.Tensor))
@@ -88,7 +92,7 @@ def capture(model: nn.Module, inputs: tuple, listener: Listener, training: bool 
         try:
             with hooked(pre=[(m, enter(name, m)) for name, m in named],
                         post=[(m, leave(name, m)) for name, m in named]), \
-                    torch.no_grad(), _Mode(listener, depth, blank):
+                    torch.no_grad(), _Mode(listeners, depth, blank):
                 return model(*inputs)
         except _Passed as e:
             raise e.error from None
@@ -112,23 +116,25 @@ class _Passed(Exception):
 
 
 class _Mode(TorchFunctionMode):
-    """Runs every torch call of the forward, then tells the listener (outside leaf modules)."""
+    """Runs every torch call of the forward, then tells the listeners (outside leaf modules)."""
 
-    def __init__(self, listener: Listener, depth: list[int], blank: bool):
+    def __init__(self, listeners: Sequence[Listener], depth: list[int], blank: bool):
         super().__init__()
-        self.listener, self.depth, self.blank = listener, depth, blank
+        self.listeners, self.depth, self.blank = listeners, depth, blank
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = _conv_shape(args, kwargs) if self.blank and func in _SHORTCUT else None
         out = func(*args, **kwargs) if out is None else out
         if not self.depth[0]:
-            _told(self.listener.call, Call(func, args, kwargs, out))
+            call = Call(func, args, kwargs, out)
+            for listener in self.listeners:
+                _told(listener.call, call)
         return out
 
 
 def _told(tell: Callable, *what) -> None:
-    """The listener told ``what``; its own error is carried through the forward as it is."""
+    """A listener told ``what``; its own error is carried through the forward as it is."""
     try:
         tell(*what)
     except Exception as e:

@@ -45,7 +45,8 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
                                 f"{clip(repr(at))}", param="at")
         attach(model, names)
         return _gated(model)
-    graph = trace(model, default_example(model) if example_inputs is None else example_inputs, ignore)
+    traced = trace(model, default_example(model) if example_inputs is None else example_inputs, ignore)
+    graph, unfit = traced.graph, (*traced.coverage.by_weight, *traced.baked.unbaked)
     readers: dict[int, list] = {}
     per_head: dict[str, int] = {}
     for use in graph.uses:
@@ -56,7 +57,7 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
             found = graph.heads_of(use.map) if heads and use.kind in ("linear", "conv") else None
             if found is not None and getattr(model.get_submodule(use.module), "groups", 1) == 1:
                 per_head[use.module] = found[1]
-    for name in (*graph.by_weight, *graph.unbaked):  # called through its weight, never its forward: a
+    for name in unfit:  # called through its weight, never its forward: a
         per_head.pop(name, None)  # gate would not run; or computing its weight: a gate would not fold
     chosen = []
     for g in graph.groups():
@@ -70,7 +71,7 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
                        or (getattr(why, "kind", None) == "read_first" and why.module in names)
                        for why in g.reasons)
         if unscored and all(_gateable(model, name, kind, m, g.size, everywhere)
-                            and name not in graph.by_weight and name not in graph.unbaked
+                            and name not in unfit
                             for name, kind, m in found):
             chosen += [name for name in sorted(names) if name not in chosen]
     attach(model, chosen)

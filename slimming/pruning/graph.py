@@ -233,31 +233,13 @@ class ChannelGraph:
         # "chunk" (the pieces of one tensor) or "groups" (a grouped convolution's groups); or
         # "whole": blocks each kept or cut whole (a GroupNorm's groups)
         self.equal: list[tuple[str, list[list[Seg]]]] = []
-        self.unseen: list[str] = []  # layers the forward never ran (set by the tracer)
-        self.by_weight: list[str] = []  # layers run through their tensors only, never their forward
-        self.value_reads: list[str] = []  # modules whose forward read values computed from the inputs
         self.kept: list[Kept] = []  # ops that kept the channels they read
-        self.sized: list[str] = []  # modules where blocks (heads) or splits by attribute sizes were followed
-        # (module, size): a width its own forward split or blocked its channels by, followed; an
-        # integer attribute of that value is what the forward splits by, so it must follow the cut
-        self.split_sizes: list[tuple[str, int]] = []
-        self.frames: dict[str, list[Map]] = {}  # module -> the maps its own forward's ops made
-        self.borders: dict[str, list[Map]] = {}  # module -> the maps of its inputs and outputs
-        self.sides: dict[tuple[str, str], list[Map]] = {}  # (module, "in" / "out") -> those maps
-        # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
-        self.group_counts: dict[str, list[tuple[int, Map]]] = {}
         # attention heads: module -> (its heads' space, the integer attribute holding their
         # number); a head's piece of the channels -> (heads' space, head); a head's channels
         # (tied in every head) -> (heads' space, one piece of each head, in order)
         self.head_modules: dict[str, tuple[int, str]] = {}
         self.piece_head: dict[int, tuple[int, int]] = {}
         self.heads: dict[int, tuple[int, list[int]]] = {}
-        self.merges: dict[str, list[Map]] = {}  # module -> the heads its forward merged (N, L, heads * D)
-        # layer -> the weight its forward computed from its parameters (a standardised one), baked
-        # into the plain layer it ran where the cut touches it (``slimming.layers.baked``)
-        self.computed: dict[str, torch.Tensor] = {}
-        self.unbaked: list[str] = []  # layers computing their weight that do more: a gate cannot fold there
-        self.headless: list[str] = []  # layers run on what carries no channels (Swin-v2's position-bias MLP)
 
     def __repr__(self) -> str:
         groups = self.groups()
@@ -269,7 +251,7 @@ class ChannelGraph:
     def copy(self) -> ChannelGraph:
         """A copy to go on building (the model is shared, the bookkeeping is not)."""
         new = ChannelGraph.__new__(ChannelGraph)
-        new.__dict__ = {k: _copied(v) for k, v in self.__dict__.items()}
+        new.__dict__ = {k: copied(v) for k, v in self.__dict__.items()}
         return new
 
     # union-find over spaces
@@ -584,7 +566,7 @@ def kept_summary(graph: ChannelGraph, limit: int = 6) -> str:
     return "; ".join(parts) + more
 
 
-def _copied(value):
+def copied(value):
     """A list or dict copied one level down (a dict's lists too: the records the walk appends
     to), so that building on a copy leaves the original as it was."""
     if isinstance(value, list):

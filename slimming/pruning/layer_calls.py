@@ -8,25 +8,23 @@ input's on and is cut with them. What does not fit its rule is kept (``Walk.opaq
 
 A layer may convolve with a weight its forward computes from its own parameters alone
 (weight standardisation: timm's ``StdConv2d``): ``computed`` takes it as that layer's, the
-weight recorded (``graph.computed``), and the cut bakes it into the plain layer it ran
+weight recorded (``Baked.computed``), and the cut bakes it into the plain layer it ran
 (``slimming.layers.baked``), where the layer did nothing but (pad and) convolve with it.
 
 A layer's bias may be made row by row from parameters in its forward (``torch.cat((self.q_bias,
 self.k_bias, self.v_bias))`` in EVA and BEiT, ``self.qkv.bias.clone()`` with the keys' third
-zeroed in torchvision's Swin-v2): ``follow_rows`` keeps which parameter each row is, and those
-parameters are cut with the layer's output channels, row for row (``Walk.scale``).
+zeroed in torchvision's Swin-v2): ``flow.Params.rows_of`` tells which parameter each row is,
+and those parameters are cut with the layer's output channels, row for row (``Walk.scale``).
 """
 
 from __future__ import annotations
-
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..layers.baked import same_pads
 from ..layers.rules import RULES, is_layer, layer_kind
-from .capture import Call
+from .flow import Piece
 from .graph import Map, Seg, Side, Use
 from .ops import Step, Walk, arg, tensors
 
@@ -40,7 +38,7 @@ def layer(w: Walk, s: Step) -> None:
     x_t = s.args[0] if s.args else s.kwargs.get("input")
     x = w.get(x_t)
     rows = {role: p for role, i in rule.positions if rule.makes.get(role) == 0
-            and id(t := arg(s.args, s.kwargs, i, role)) not in w.owner and (p := rows_of(w, t))}
+            and id(t := arg(s.args, s.kwargs, i, role)) not in w.params.owner and (p := w.params.rows_of(t))}
     given, name, attrs = owned(w, s, [(role, i) for role, i in rule.positions if role not in rows])
     if attrs is None and rule.makes:  # a weight it computed (standardised): its own, baked at the cut
         name, attrs = computed(w, s, kind, given, x_t) or (name, attrs)
@@ -85,31 +83,25 @@ def layer(w: Walk, s: Step) -> None:
     w.set(s.out, x.with_gate(True if rule.gated and "weight" in attrs else False if moves else None))
 
 
-def by_params(w: Walk, t) -> bool:
-    """Whether ``t`` was computed from parameters and buffers alone in the forward."""
-    ref = w.by_params.get(id(t))
-    return ref is not None and ref() is t
-
-
 def computed(w: Walk, s: Step, kind: str, given: dict, x_t) -> tuple[str, dict] | None:
     """(layer, attrs) where the module running (of this call's kind) calls it with a weight of
     its own weight's shape that its forward computed from parameters alone, on the input it was
     given (or that input padded as TensorFlow's SAME does, where it says ``same_pad``), its
-    other tensors its own: that weight is recorded (``graph.computed``) and the call followed as
+    other tensors its own: that weight is recorded (``Baked.computed``) and the call followed as
     the layer's; ``baked_left`` then checks that the layer returned what the call gave."""
     name = w.stack[-1] if w.stack else None
     m = w.modules.get(name)
     weight = given.get("weight")
     if m is None or layer_kind(m) != kind or not isinstance(getattr(m, "weight", None), nn.Parameter) \
-            or weight is None or not by_params(w, weight) or weight.shape != m.weight.shape:
+            or weight is None or not w.params.alone(weight) or weight.shape != m.weight.shape:
         return None
-    others = {role: w.owner.get(id(t)) for role, t in given.items() if role != "weight"}
+    others = {role: w.params.owner.get(id(t)) for role, t in given.items() if role != "weight"}
     if any(o is None or o[0] != name for o in others.values()):
         return None
     if x_t is not w.entry.get(name) and not _same_padded(w, m, name, x_t):
         return None
     w.seen.add(name)
-    w.g.computed[name] = weight.detach()
+    w.traced.baked.computed[name] = weight.detach()
     w.baking[name] = s.out
     return name, {"weight": "weight", **{role: o[1] for role, o in others.items()}}
 
@@ -117,7 +109,7 @@ def computed(w: Walk, s: Step, kind: str, given: dict, x_t) -> tuple[str, dict] 
 def _same_padded(w: Walk, m: nn.Module, name: str, x_t) -> bool:
     """Whether ``x_t`` is ``m``'s input padded with zeros as TensorFlow's SAME padding does (and
     ``m`` says so: timm's ``same_pad``), which the baked layer does again (``Conv2dSame``)."""
-    entry, made = w.entry.get(name), w.pads.get(id(x_t))
+    entry, made = w.entry.get(name), w.params.pads.get(id(x_t))
     if getattr(m, "same_pad", False) is not True or made is None or made.out is not x_t \
             or made.of is not entry or entry is None or entry.dim() != 4 or made.mode != "constant" \
             or made.value not in (None, 0, 0.0):
@@ -133,70 +125,15 @@ def baked_left(w: Walk, name: str, out) -> None:
     made = w.baking.pop(name)
     if out is made:
         return
-    w.g.computed.pop(name, None)
-    w.g.unbaked.append(name)
+    w.traced.baked.computed.pop(name, None)
+    w.traced.baked.unbaked.append(name)
     maps = [m for m in map(w.get, (made, w.entry.get(name))) if m is not None]
     w.keep(type(w.modules[name]).__name__, "a layer computing its weight that does more than convolve "
            "with it", maps)
 
 
-class Piece(NamedTuple):
-    """``length`` rows of a 1-D tensor a forward made, each the same row of ``module``'s
-    ``attr`` (both None: rows of a constant, the zeros between a query's and a value's bias)."""
-
-    module: str | None
-    attr: str | None
-    length: int
-
-
-_ROW_COPIES = {"clone", "detach", "contiguous", "to", "float", "half", "bfloat16", "double", "type_as", "cpu",
-               "cuda", "data"}
-_ROW_CONSTANTS = {"zeros", "zeros_like", "ones", "ones_like", "full", "full_like", "new_zeros", "new_ones",
-                  "new_full"}
-_ROW_WRITES = {"zero", "fill", "mul", "add", "sub", "div", "setitem", "clamp", "neg"}  # by a number: per row
-
-
-def rows_of(w: Walk, t) -> tuple[Piece, ...] | None:
-    """The rows of the 1-D tensor ``t``: a module's parameter or buffer, or one the forward
-    made row by row of those and of constants (``follow_rows``); None for anything else."""
-    if not isinstance(t, torch.Tensor) or t.dim() != 1:
-        return None
-    owner = w.owner.get(id(t))
-    if owner is not None:
-        return (Piece(*owner, len(t)),)
-    entry = w.rows.get(id(t))
-    return entry[1] if entry is not None and entry[0] is t else None
-
-
-def follow_rows(w: Walk, op: str, c: Call, writes: bool, given: int) -> None:
-    """``Walk.rows`` after one call (of ``given`` tensor arguments): a concatenation of rows
-    (``rows_of``), a copy of them, a constant; an in-place write by numbers alone (a slice
-    zeroed) keeps a tensor's rows, one by a tensor (which may hold other rows) forgets them."""
-    args, kwargs, out = c.args, c.kwargs, c.out
-    if writes:
-        target = args[0]
-        base = target if id(target) in w.rows else target._base
-        if base is not None and id(base) in w.rows:
-            by = args[2:] if op == "setitem" else args[1:]
-            if op not in _ROW_WRITES or tensors(list(by) + list(kwargs.values())):
-                del w.rows[id(base)]
-        return
-    if not isinstance(out, torch.Tensor) or out.dim() != 1 or id(out) in w.owner:
-        return
-    pieces = None
-    if op == "cat" and args and arg(args, kwargs, 1, "dim", 0) in (0, -1):
-        parts = [rows_of(w, t) for t in args[0]]
-        pieces = tuple(p for part in parts for p in part) if all(parts) else None
-    elif op in _ROW_COPIES and args and given == 1 + (op == "type_as"):
-        pieces = rows_of(w, args[0])
-    elif op in _ROW_CONSTANTS and given <= (op.endswith("_like") or op.startswith("new_")):
-        pieces = (Piece(None, None, len(out)),)
-    if pieces and sum(p.length for p in pieces) == len(out):
-        w.rows[id(out)] = (out, pieces)
-
-
 def _rows_cut(w: Walk, out: Map | None, rows: list[tuple[Piece, ...]]) -> None:
-    """The parameters a layer's tensor was made of row by row (``rows_of``), cut with the
+    """The parameters a layer's tensor was made of row by row (``Params.rows_of``), cut with the
     output channels ``out`` their rows are; a constant's rows need no cut."""
     for pieces in rows:
         start = 0
@@ -255,7 +192,7 @@ def _makes(w: Walk, s: Step, kind: str, x_t, x: Map, name: str, ignored: bool, a
         w.again(name, x)
         w.g.uses.append(Use(name, "depthwise", x, attrs))
         if w.stack and w.stack[-1] == name:  # F.conv2d(x, self.filt, groups=C) in a module:
-            w.g.group_counts.setdefault(name, []).append((groups, x))  # its groups follow x
+            w.traced.widths.group_counts.setdefault(name, []).append((groups, x))  # its groups follow x
         return w.set(out, x.with_gate(None if "bias" not in attrs else False))
     # grouped: every group keeps the same number of input and of output channels
     w.g.equal_blocks(x, groups, "groups")
@@ -269,7 +206,7 @@ def owned(w: Walk, s: Step, positions) -> tuple[dict, str | None, dict | None]:
     they are not all one module's parameters or buffers."""
     given = {role: arg(s.args, s.kwargs, i, role) for role, i in positions}
     given = {role: t for role, t in given.items() if isinstance(t, torch.Tensor)}
-    owners = {role: w.owner.get(id(t)) for role, t in given.items()}
+    owners = {role: w.params.owner.get(id(t)) for role, t in given.items()}
     names = {o[0] for o in owners.values() if o is not None}
     name = next(iter(names)) if len(names) == 1 else None
     if name is not None:

@@ -11,7 +11,6 @@ layers in ``slimming.pruning.layer_calls``.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -20,6 +19,7 @@ from torch import nn
 
 from ..errors import SlimmingError, first_line
 from .graph import ChannelGraph, Map
+from .traced import Traced
 
 # Element-wise or per-channel ops that map zero to zero (a zeroed channel stays zero) ...
 ZERO_OPS = {"relu", "relu6", "silu", "gelu", "hardswish", "leaky_relu", "elu", "mish", "tanh",
@@ -186,7 +186,9 @@ class Walk(Protocol):
     """What a handler reads and writes (``slimming.pruning.trace.Walk`` is it): the graph, each
     tracked tensor's map, the modules running, and the layers met so far."""
 
-    g: ChannelGraph
+    g: ChannelGraph  # the channel algebra (``traced.graph``)
+    traced: Traced  # the graph and the records beside it: widths, baked weights, coverage
+    params: Any  # ``flow.Params`` (which imports this module): where parameters and buffers went
     model: nn.Module
     modules: dict[str, nn.Module]
     stack: list[str]  # the modules running, outermost first ("" for the model)
@@ -194,15 +196,10 @@ class Walk(Protocol):
     keep_whole: set[str]
     follow_sizes: bool
     seen: set[str]  # the layers that ran
-    owner: dict[int, tuple[str, str]]  # id of a parameter or buffer -> (module, attribute)
-    rows: dict[int, tuple]  # id of a 1-D tensor made row by row -> (it, its layer_calls.Piece rows)
     whole_at_leave: dict[str, tuple]  # module -> (why, of which width) the channels it reads are kept
     made: dict[str, tuple[int | None, Map]]  # layer -> (its output space, its first input)
     calls: dict[str, str]  # op name -> the layer kind whose rule is called through it
-    by_params: dict[int, weakref.ref]  # untracked tensors computed from parameters alone
-    rewritten: set[int]  # parameters or buffers the forward wrote other values into
     entry: dict[str, torch.Tensor | None]  # module -> the first tensor its forward was given
-    pads: dict[int, Padded]  # id of a tensor F.pad made -> what it made, of what
     baking: dict[str, torch.Tensor]  # layer convolving with a weight it computed -> that call's output
 
     def get(self, t) -> Map | None:
@@ -476,8 +473,8 @@ def split(w: Walk, s: Step) -> None:
     elif len(pieces) > 1 and w.sized(sizes) and (maps := w.g.split_all(x, sizes)) is not None:
         # sizes the module keeps in attributes (an attention's key_dim, head_dim): the cut
         # sets them (``surgery.update_widths``); pieces of one size keep equal counts
-        w.g.sized.append(w.where())
-        w.g.split_sizes += [(w.running(), n) for n in set(sizes)]
+        w.traced.widths.sized.append(w.where())
+        w.traced.widths.split_sizes += [(w.running(), n) for n in set(sizes)]
         for n in set(sizes):
             same = [m.segs for m, k in zip(maps, sizes) if k == n]
             if len(same) > 1:

@@ -100,8 +100,10 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
     if not factors:
         raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
                             "(network slimming scores channels by their scaling factors)")
-    graph = trace(model, example, ignore, keep_whole, follow_sizes, output_transform)
-    stuck = [n for n in graph.unbaked if isinstance(model.get_submodule(n)._modules.get(GATE), ChannelGate)]
+    traced = trace(model, example, ignore, keep_whole, follow_sizes, output_transform)
+    graph, computed = traced.graph, traced.baked.computed
+    stuck = [n for n in traced.baked.unbaked
+             if isinstance(model.get_submodule(n)._modules.get(GATE), ChannelGate)]
     if stuck:  # folded after the check, the gate would scale columns its layer standardises again
         raise GraphError(f"{stuck[0]} computes its weight and does more than convolve with it: a gate there "
                          "cannot be folded in; remove it (add_gates puts none there)")
@@ -129,9 +131,9 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
     def build(masks, threshold, guarded) -> PruneResult:
         roots = roots_of(masks)
         plan = surgery.plan(graph, roots)
-        new = surgery.cut(model, plan, graph)
-        fold(new, set(graph.by_weight), multiply=False)  # gates whose layer's hooks never run
-        widths = surgery.update_widths(new, graph, roots, skip=kept_whole)
+        new = surgery.cut(model, plan, traced)
+        fold(new, set(traced.coverage.by_weight), multiply=False)  # gates whose layer's hooks never run
+        widths = surgery.update_widths(new, traced, roots, skip=kept_whole)
         thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]
@@ -144,10 +146,10 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
                   sum(int((~roots[graph.find(g.spaces[0])][g.free()]).sum()) for g in groups))
         return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                            [groups[i].bns[0].layer for i in guarded], layers=layers, widths=widths,
-                           ranked=ranked, value_reads=sorted(set(graph.value_reads)),
-                           baked={n: graph.computed[n] for n in baked_layers(new) if n in graph.computed})
+                           ranked=ranked, value_reads=sorted(set(traced.coverage.value_reads)),
+                           baked={n: computed[n] for n in baked_layers(new) if n in computed})
 
-    return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(graph.sized)),
+    return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(traced.widths.sized)),
                 lambda masks: surgery.plan(graph, roots_of(masks)))
 
 

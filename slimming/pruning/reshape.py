@@ -46,7 +46,7 @@ def reshape(w: Walk, s: Step) -> None:
     for k in range(len(after)):  # the channel dim as it was, after dims of the same product
         if prefix[k] == head and after[k] == c:
             if op in ("view", "reshape") and after != before:  # (N, self.dim, H * W): the width it
-                w.g.split_sizes.append((w.running(), c))  # gave must follow the cut
+                w.traced.widths.split_sizes.append((w.running(), c))  # gave must follow the cut
             return w.set(out, x.at(k))
     if d == 1 and len(after) == 2 and after[0] == before[0]:  # (N, C, H, W) -> (N, C*H*W)
         return w.set(out, Map(x.segs, math.prod(before[2:]), 1))
@@ -65,7 +65,7 @@ def reshape(w: Walk, s: Step) -> None:
             if heads is not None and len(heads[1]) == outer == before[d - 1]:  # heads merged, in order
                 s = x.segs[0]
                 merged = Map([Seg(p, s.start, s.length, s.gated) for p in heads[1]], 1, k)
-                w.g.merges.setdefault(w.stack[-1], []).append(merged)  # its width: an attribute's
+                w.traced.widths.merges.setdefault(w.stack[-1], []).append(merged)  # its width: an attribute's
                 return w.set(out, merged)
             return w.set(out, Map(x.segs * outer, 1, k))  # channel c at every block
     # what it gives keeps the layout its input had: channels last (tokens, heads) stay last
@@ -123,9 +123,9 @@ def blocks(w: Walk, x: Map, count: int, op: str, shape: tuple[int, ...] = ()) ->
     if count == 1:
         return x
     where = w.where()
-    w.g.sized.append(where)
+    w.traced.widths.sized.append(where)
     n = x.channels // count
-    w.g.split_sizes.append((w.running(), n))
+    w.traced.widths.split_sizes.append((w.running(), n))
     cut = w.g.cut_into(x, [n] * count)
     pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
     # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already

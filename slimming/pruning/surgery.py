@@ -34,6 +34,7 @@ from ..utils.modules import keep_slices
 from .graph import ChannelGraph, GraphError, Map, ScaleSlot, structure_copy
 from .ops import HEAD_ATTRS
 from .records import ModuleMasks
+from .traced import Traced
 
 
 def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -52,15 +53,16 @@ def plan(graph: ChannelGraph, group_masks: dict[int, torch.Tensor]) -> dict[str,
     return {name: masks for name, masks in out.items() if not all(m.all() for m in masks.values())}
 
 
-def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: ChannelGraph) -> nn.Module:
+def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], traced: Traced) -> nn.Module:
     """A copy of ``model`` with every module in ``masks`` cut to its kept channels by the rule
     of its kind (``slimming.layers.rules.RULES``): the very tensors the trace saw it use (a
     buffer used as a convolution's weight too), and its width attributes. The original is left
     untouched (no tensor is shared between the two). A layer whose forward computes its weight
-    (``graph.computed``) is baked into the plain layer it ran first (``slimming.layers.baked``)."""
+    (``Baked.computed``) is baked into the plain layer it ran first (``slimming.layers.baked``)."""
+    graph = traced.graph
     new = structure_copy(model)
     how = {use.module: use for use in graph.uses if use.kind != "scale"}
-    for name, weight in graph.computed.items():  # a weight its forward computes (standardised):
+    for name, weight in traced.baked.computed.items():  # a weight its forward computes (standardised):
         m = new.get_submodule(name)  # baked where cut, or where a gate folds into it at the end
         if name in masks or isinstance(m._modules.get(GATE), ChannelGate):
             bake(m, weight)
@@ -80,7 +82,7 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], graph: Chan
                                                   requires_grad=p.requires_grad)
         for child, layer in m.named_modules(prefix=name):  # a linear layer giving a value per head
             if isinstance(layer, nn.Linear) and layer.out_features == len(heads) and child not in masks \
-                    and child in graph.headless:  # (Swin-v2's position bias MLP)
+                    and child in traced.widths.headless:  # (Swin-v2's position bias MLP)
                 RULES["linear"].cut(layer, {"out": heads})
     shared = {id(t) for t in (*model.parameters(), *model.buffers())}
     for m in new.modules():  # everything not cut: its own copy, not the original's tensor
@@ -137,7 +139,7 @@ class WidthChange(NamedTuple):
     sure: bool
 
 
-def update_widths(new: nn.Module, graph: ChannelGraph, group_masks: dict[int, torch.Tensor],
+def update_widths(new: nn.Module, traced: Traced, group_masks: dict[int, torch.Tensor],
                   skip: set[str] = frozenset()) -> list[WidthChange]:
     """Integer attributes of ``new``'s modules that held a width the cut changed (a C2f block's
     ``self.c``, timm's ``num_features``), set to the new width where the trace can tell: the
@@ -150,6 +152,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph, group_masks: dict[int, to
     must follow them; the others ``prune``'s check vouches for. ``skip``: the modules in
     ``ignore`` (and inside them), which keep their own widths, integers too."""
     changed, unclear, counts = [], [], {}
+    graph = traced.graph
     for name, (space, attr) in graph.head_modules.items():  # attention heads cut whole: their number
         if name in skip:
             continue
@@ -158,7 +161,7 @@ def update_widths(new: nn.Module, graph: ChannelGraph, group_masks: dict[int, to
             _change(module, WidthChange(name, attr, len(heads), int(heads.sum()), True), changed)
     for name, module in new.named_modules():
         if name not in skip and not (type(module).__module__.startswith("torch.") or is_layer(module)):
-            _module_widths(name, module, graph, group_masks, changed, unclear, counts)
+            _module_widths(name, module, traced, group_masks, changed, unclear, counts)
     if unclear:
         warnings.warn(f"{len(unclear)} integer attribute(s) held a width the cut changed and were left "
                       f"as they were (the trace cannot tell which width they mean): {', '.join(unclear[:6])}",
@@ -171,7 +174,7 @@ def _change(module: nn.Module, change: WidthChange, changed: list[WidthChange]) 
     changed.append(change)
 
 
-def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_masks: dict[int, torch.Tensor],
+def _module_widths(name: str, module: nn.Module, traced: Traced, group_masks: dict[int, torch.Tensor],
                    changed: list[WidthChange], unclear: list[str], counts: dict) -> None:
     """``update_widths`` for one module (torch's own modules keep no widths but the layers',
     set by ``cut``): what each integer attribute becomes, added to ``changed``, or its name to
@@ -181,6 +184,7 @@ def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_mask
             if not a.startswith("_") and a not in NOT_WIDTHS and type(v) is int}
     if not ints:
         return
+    graph, found_widths = traced.graph, traced.widths
 
     def widths_of(maps: list[Map]) -> dict[int, set[int]]:
         widths: dict[int, set[int]] = {}
@@ -192,12 +196,13 @@ def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_mask
         return widths
 
     prefix = f"{name}." if name else ""
-    children = [m for child, _ in module.named_children() for m in graph.borders.get(prefix + child, [])]
+    children = [m for child, _ in module.named_children()
+                for m in found_widths.borders.get(prefix + child, [])]
     # the heads its forward merged (``reshape(B, N, self.attn_dim)``), then what its forward
     # made, then its inputs and outputs, then its children's
-    sources = [widths_of(graph.merges.get(name, [])), widths_of(graph.frames.get(name, [])),
-               widths_of(graph.borders.get(name, [])), widths_of(children)]
-    groups = widths_of([m for count, m in graph.group_counts.get(name, [])])
+    sources = [widths_of(found_widths.merges.get(name, [])), widths_of(found_widths.frames.get(name, [])),
+               widths_of(found_widths.borders.get(name, [])), widths_of(children)]
+    groups = widths_of([m for count, m in found_widths.group_counts.get(name, [])])
     for attr, value in ints.items():
         if value in groups and len(groups[value]) == 1:  # the groups= it convolved with
             if groups[value] != {value}:
@@ -205,13 +210,13 @@ def _module_widths(name: str, module: nn.Module, graph: ChannelGraph, group_mask
             continue
         side = _side(attr)  # out_channels: the width of what it gives, in_chs: of what it reads
         if side is not None:
-            found = widths_of(graph.sides.get((name, side), [])).get(value)
+            found = widths_of(found_widths.sides.get((name, side), [])).get(value)
         else:
             found = next((w[value] for w in sources if value in w), None)
         if found is None or found == {value}:
             continue
         if len(found) == 1:
-            sure = (name, value) in graph.split_sizes
+            sure = (name, value) in found_widths.split_sizes
             _change(module, WidthChange(name, attr, value, next(iter(found)), sure), changed)
         else:
             unclear.append(prefix + attr)

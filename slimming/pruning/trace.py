@@ -1,12 +1,14 @@
 """``trace``: the channel graph of a network (``slimming.pruning.graph``), built by one real
-forward of the example input in eval mode. ``slimming.pruning.capture`` runs the forward and
-tells what ran; the walk here reads that record: it keeps the channel map of every tensor and
-hands each call to the handler of its op (``DISPATCH``; ``slimming.pruning.ops``, ``reshape``,
-``index``) or of its layer (``slimming.pruning.layer_calls``, by the rules of
-``slimming.layers.rules``: a layer is known by the function it calls with one module's
-tensors, a rule with no such function by its module, followed whole). Module boundaries keep
-the stack of modules for messages and ``ignore``. A module called twice (a head shared across
-levels) makes the same channels both times, and its two inputs are cut alike.
+forward of the example input in eval mode, and the records beside it (``Traced``: widths, baked
+weights, coverage). ``slimming.pruning.capture`` runs the forward and tells what ran to three
+listeners, each with its own state: what the inputs became and where parameters went
+(``slimming.pruning.flow``), and the channel walk here, which keeps the channel map of every
+tensor and hands each call to the handler of its op (``DISPATCH``; ``slimming.pruning.ops``,
+``reshape``, ``index``) or of its layer (``slimming.pruning.layer_calls``, by the rules of
+``slimming.layers.rules``: a layer is known by the function it calls with one module's tensors,
+a rule with no such function by its module, followed whole). Module boundaries keep the stack
+of modules for messages and ``ignore``. A module called twice (a head shared across levels)
+makes the same channels both times, and its two inputs are cut alike.
 
 The trace follows the path the example input takes. Layers it did not reach in eval mode are
 looked for once more in a training-mode forward (auxiliary heads that only run in training),
@@ -26,7 +28,6 @@ write through a view or alias of a tensor keeps the channels of every tensor sha
 from __future__ import annotations
 
 import warnings
-import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -39,6 +40,7 @@ from ..layers.rules import RULES, Registration, is_layer, module_kind
 from ..utils.modules import modes_kept
 from . import index, ops, reshape
 from .capture import Call, CaptureError, capture
+from .flow import Inputs, Params
 from .graph import (
     ChannelGraph,
     GraphError,
@@ -51,7 +53,7 @@ from .graph import (
     pin_heads,
     pin_shared,
 )
-from .layer_calls import baked_left, by_params, follow_rows, layer, owned, whole_layer
+from .layer_calls import baked_left, layer, owned, whole_layer
 from .ops import (
     CONSTANT_OPS,
     ELEMENTWISE,
@@ -66,15 +68,14 @@ from .ops import (
     VALUE_OPS,
     ZERO_OPS,
     Handler,
-    Padded,
     Step,
-    arg,
     in_place,
     leaves,
     op_name,
     picker,
     tensors,
 )
+from .traced import Traced
 
 
 def as_inputs(example_inputs) -> tuple:
@@ -84,7 +85,7 @@ def as_inputs(example_inputs) -> tuple:
 
 
 def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
-          follow_sizes: bool = True, output_transform=None) -> ChannelGraph:
+          follow_sizes: bool = True, output_transform=None) -> Traced:
     """Run ``model`` (left unchanged, every module's train/eval flag restored) on
     ``example_inputs`` (a tensor (N, C, ...), or a tuple of the forward's inputs) in eval mode
     and build its channel graph. ``ignore``: modules whose own channels are kept (what they
@@ -96,8 +97,9 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     widths the cut must set (``surgery.update_widths``), which only the check can vouch for, so
     False keeps those channels. ``output_transform``: what of the model's output keeps its
     channels (default: all of it; a detector's ``lambda out: out[0]`` leaves the features its
-    head passes out free to be cut). GraphError (one line) for a model that does not run on the
-    example."""
+    head passes out free to be cut). Returns what it found (``Traced``: the channel graph, and
+    the widths, baked weights and coverage beside it). GraphError (one line) for a model that
+    does not run on the example."""
     inputs = as_inputs(example_inputs)
     images = [t for t in inputs if isinstance(t, torch.Tensor)]
     if not images or any(t.dim() < 2 for t in images):
@@ -109,13 +111,13 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     with modes_kept(model), decomposed(model):
         walk.run(inputs, training=False)
         go_on = (keep | whole, whole, follow_sizes, output_transform)
-        if walk.g.value_reads:  # its path depends on the values: images in [0, 1] may take another
+        if walk.traced.coverage.value_reads:  # its path depends on values: images in [0, 1] may take another
             walk = _continued(walk, *go_on, images_like(inputs), False)
         if walk.unseen():  # layers that run only in training (auxiliary heads), at a batch of 2
             twice = tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t for t in inputs)
             walk = _continued(walk, *go_on, twice, True)
     walk.finish()
-    return walk.g
+    return walk.traced
 
 
 def images_like(inputs: tuple) -> tuple:
@@ -151,27 +153,19 @@ class Walk:
         self.follow_sizes, self.pick = follow_sizes, picker(output_transform)
         self.transformed = output_transform is not None
         self.modules = dict(model.named_modules())
-        self.g = ChannelGraph(model) if after is None else after.g.copy()
+        self.traced = Traced(ChannelGraph(model)) if after is None else after.traced.copy()
+        self.g = self.traced.graph  # the channel algebra, which the handlers build
+        self.inputs, self.params = Inputs(self.get), Params(model)  # the other listeners (flow.py)
         self.maps: dict[int, tuple[torch.Tensor, Map]] = {}  # id -> (tensor kept alive, map)
         self.storage: dict[int, set[int]] = defaultdict(set)  # memory -> ids of tracked tensors
         self.stack: list[str] = []
-        self.owner: dict[int, tuple[str, str]] = {}  # id of a parameter or buffer -> (module, attr)
-        for name, m in model.named_modules():
-            for attr, t in (*m._parameters.items(), *m._buffers.items()):
-                if t is not None:
-                    self.owner.setdefault(id(t), (name, attr))
         self.whole_at_leave: dict[str, tuple] = {}  # module -> (why, width) its inputs are kept
-        self.derived: dict[int, weakref.ref] = {}  # untracked tensors computed from the inputs
-        self.rows: dict[int, tuple] = {}  # 1-D tensors made row by row of those (layer_calls.rows_of)
         self.seen: set[str] = set(after.seen) if after else set()
         self.entered: set[str] = set(after.entered) if after else set()  # modules whose forward ran
         self.made = dict(after.made) if after else {}  # layer -> (its output space, its first input)
         self.input_maps: list[Map | None] = list(after.input_maps) if after else []
         self.calls = _calls()  # op name -> the layer kind whose rule is called through it
-        self.by_params: dict[int, weakref.ref] = {}  # untracked tensors computed from parameters alone
-        self.rewritten: set[int] = set()  # parameters or buffers the forward wrote other values into
         self.entry: dict[str, torch.Tensor | None] = {}  # module -> the first tensor it was given
-        self.pads: dict[int, Padded] = {}  # F.pad's outputs: what each made, of what
         self.baking: dict[str, torch.Tensor] = {}  # layer -> its call with a weight it computed
 
     def run(self, inputs: tuple, training: bool) -> None:
@@ -183,9 +177,11 @@ class Walk:
                 self.input_maps.append(Map([Seg(space, 0, t.shape[1], False)]))
             self.set(t, self.input_maps[i])
         try:
-            out = capture(self.model, inputs, self, training, leaf=lambda m: module_kind(m) is not None)
+            out = capture(self.model, inputs, [self.inputs, self, self.params], training,
+                          leaf=lambda m: module_kind(m) is not None)
         except CaptureError as e:
             raise GraphError(str(e)) from None
+        self.traced.coverage.value_reads += self.inputs.reads
         picked = self.pick(out)
         inside = picked.values() if isinstance(picked, dict) else \
             picked if isinstance(picked, (tuple, list)) else ()
@@ -238,8 +234,8 @@ class Walk:
             for t in tensors(values):
                 m_ = self.get(t)
                 if m_ is not None:
-                    self.g.borders.setdefault(name, []).append(m_)
-                    self.g.sides.setdefault((name, side), []).append(m_)
+                    self.traced.widths.borders.setdefault(name, []).append(m_)
+                    self.traced.widths.sides.setdefault((name, side), []).append(m_)
         if isinstance(m, nn.MultiheadAttention):  # torch's own forward (a cross-attention) uses
             self.seen.add(f"{name}.out_proj" if name else "out_proj")  # out_proj without calling it
         if name in self.baking:
@@ -248,7 +244,8 @@ class Walk:
             self.stack.pop()
 
     def call(self, c: Call) -> None:
-        """One call of the forward: its handler, then what an in-place write did to aliases."""
+        """One call of the forward: its handler, then what an in-place write did to aliases
+        (what the inputs became and where parameters went: the other listeners, ``flow``)."""
         op = op_name(c.func)
         if op in META_OPS:
             return
@@ -259,8 +256,6 @@ class Walk:
         given = tensors(list(args) + list(kwargs.values()))
         inputs = [(t, self.get(t)) for t in given]
         inputs = [(t, m) for t, m in inputs if m is not None]
-        if inputs or (self.derived and any(_derived(self, t) for t in given)):
-            _from_input(self, c)
         try:
             self.follow(Step(op, c.func, args, kwargs, out, inputs))
         except GraphError:
@@ -269,8 +264,6 @@ class Walk:
             self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", [m for _, m in inputs], out)
         if writes:
             self.written(op, target, before, bool(inputs))
-        follow_rows(self, op, c, writes, len(given))
-        _from_params(self, op, c, given, writes)
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
@@ -279,7 +272,7 @@ class Walk:
             if op in self.calls:  # a layer on what carries no channels (an attention map): it ran
                 name = owned(self, s, RULES[self.calls[op]].positions)[1]
                 if name is not None:
-                    self.g.headless.append(name)
+                    self.traced.widths.headless.append(name)
             if isinstance(s.out, torch.Tensor) and s.op != "setitem":
                 self.set(s.out, None)  # a fresh tensor from constants, or one overwritten by them
             return
@@ -298,12 +291,14 @@ class Walk:
 
     def finish(self) -> None:
         pin_shared(self.g)
-        self.g.unseen = self.unseen()
-        self.g.by_weight = [n for n in self.layer_names() if n in self.seen and n not in self.entered
-                            and not isinstance(self.modules.get(n.rpartition(".")[0]), nn.MultiheadAttention)]
-        if self.g.unseen:
-            names = ", ".join(self.g.unseen[:5]) + (", ..." if len(self.g.unseen) > 5 else "")
-            warnings.warn(f"{len(self.g.unseen)} layer(s) did not run on the example input (in eval "
+        coverage = self.traced.coverage
+        coverage.unseen = self.unseen()
+        attention = nn.MultiheadAttention  # (its out_proj is run through its tensors by torch's forward)
+        coverage.by_weight = [n for n in self.layer_names() if n in self.seen and n not in self.entered
+                              and not isinstance(self.modules.get(n.rpartition(".")[0]), attention)]
+        if coverage.unseen:
+            names = ", ".join(coverage.unseen[:5]) + (", ..." if len(coverage.unseen) > 5 else "")
+            warnings.warn(f"{len(coverage.unseen)} layer(s) did not run on the example input (in eval "
                           f"or training mode) and keep all their channels: {names} (the trace follows "
                           "the path the example takes)", stacklevel=3)
         summary = kept_summary(self.g)
@@ -312,12 +307,8 @@ class Walk:
                           f"exactly): {summary}", stacklevel=3)
         self.maps.clear()
         self.storage.clear()
-        self.rows.clear()
-        self.derived.clear()
-        self.by_params.clear()
-        self.rewritten.clear()
         self.entry.clear()
-        self.pads.clear()
+        self.inputs, self.params = Inputs(self.get), Params(self.model)  # what they held, freed
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -341,7 +332,7 @@ class Walk:
             if ptr:
                 self.storage[ptr].add(id(t))
             if self.stack:
-                self.g.frames.setdefault(self.stack[-1], []).append(m)
+                self.traced.widths.frames.setdefault(self.stack[-1], []).append(m)
 
     def fresh(self, t: torch.Tensor, why: str, dim: int = 1) -> None:
         """``t`` gets channels of its own along ``dim``, kept whole (None for a tensor without
@@ -424,19 +415,20 @@ class Walk:
         or, where ``t``'s channels lie along ``dim``, a parameter with other dims too (a
         position embedding (1, L, C)) or a broadcast of one (a class token expanded to
         (N, 1, C)). Inside a module in ``ignore``, None (kept)."""
-        base = t if id(t) in self.owner else t._base
-        if base is None or id(base) not in self.owner or self.in_ignored():
+        owner = self.params.owner
+        base = t if id(t) in owner else t._base
+        if base is None or id(base) not in owner or self.in_ignored():
             return None
         if base.numel() == c:
             dims = [i for i, n in enumerate(base.shape) if n == c]
-            return (*self.owner[id(base)], dims[0]) if len(dims) == 1 else None
+            return (*owner[id(base)], dims[0]) if len(dims) == 1 else None
         if dim is None or base.dim() != t.dim() or not 0 <= dim < t.dim() or base.shape[dim] != c \
                 or t.shape[dim] != c:
             return None
         for i, (n, b) in enumerate(zip(t.shape, base.shape)):  # ``base`` itself, or expanded
             if b != 1 and (b != n or t.stride(i) != base.stride(i)):
                 return None
-        return (*self.owner[id(base)], dim)
+        return (*owner[id(base)], dim)
 
     def scale(self, module: str, attr: str, dim: int, x: Map) -> None:
         """A per-channel parameter of ``module`` (a layer scale) applied to channels ``x``: cut
@@ -454,46 +446,6 @@ class Walk:
             return None
         self.g.tie(first[1], x, f"{name} is called on channels it cannot pair with its first call's")
         return first[0]
-
-
-# Python reads of a tensor's values: the path the forward takes may depend on them
-_READS = {"__bool__", "__float__", "__int__", "__index__", "item", "tolist", "__complex__"}
-
-
-def _from_params(w: Walk, op: str, c: Call, given: list[torch.Tensor], writes: bool) -> None:
-    """``Walk.by_params`` after one call: what a call of parameters (and buffers) alone, or of
-    what they became, gives is computed from them alone (a standardised weight); an in-place
-    write by anything else forgets its target (a buffer an observer fills from the input is no
-    parameter's any more). ``Walk.pads``: what ``F.pad`` made, of what."""
-    alone = bool(given) and all((id(t) in w.owner and id(t) not in w.rewritten) or by_params(w, t)
-                                for t in given)
-    if writes and not alone:
-        w.by_params.pop(id(c.args[0]), None)
-        if id(c.args[0]) in w.owner:
-            w.rewritten.add(id(c.args[0]))
-    elif alone and not writes:
-        for t in tensors(c.out):
-            w.by_params[id(t)] = weakref.ref(t)
-    if op == "pad" and isinstance(c.out, torch.Tensor) and given:
-        mode, value = arg(c.args, c.kwargs, 2, "mode", "constant"), arg(c.args, c.kwargs, 3, "value", None)
-        w.pads[id(c.out)] = Padded(c.out, given[0], arg(c.args, c.kwargs, 1, "pad"), mode, value)
-
-
-def _derived(w: Walk, t: torch.Tensor) -> bool:
-    ref = w.derived.get(id(t))
-    return ref is not None and ref() is t
-
-
-def _from_input(w: Walk, c: Call) -> None:
-    """A call on what the model's inputs became: what it gives is computed from them too (held
-    weakly: a mean, a mask), and a Python read of its values (``if x.mean() > 0.3``) is
-    recorded in ``graph.value_reads``: there the forward's path depends on the input's values,
-    which one random input may not show (``trace`` follows a second kind of input too)."""
-    if getattr(c.func, "__name__", "") in _READS:
-        w.g.value_reads.append(w.running())
-    for t in tensors(c.out):
-        if w.get(t) is None:
-            w.derived[id(t)] = weakref.ref(t)
 
 
 def _dispatch() -> dict[str, Handler]:
