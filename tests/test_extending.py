@@ -248,3 +248,34 @@ def test_extension_points_refuse_what_they_cannot_use_in_one_line(call, param):
         call()
     assert e.value.params == (param,) and "\n" not in str(e.value)
     assert dict(slimming.layers.rules.RULES) == before
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_registrations_of_one_key_come_off_in_any_order_and_leave_nothing_behind(seed):
+    """Hostile round 6: the same op name and the same layer type registered three times, the
+    handles removed in a random order. While any is held, the newest one still held is what the
+    trace follows; once all are removed, the tables are as they were (a registration stayed
+    behind where the oldest was removed first)."""
+    import random
+
+    from slimming.layers.rules import MODULE_RULES, RULES
+    from slimming.pruning.register import OP_ALIASES, register_layer, register_op
+
+    rng = random.Random(seed)
+    tables = (dict(OP_ALIASES), dict(RULES), dict(MODULE_RULES))
+    likes = ["silu", "add", "cat"]
+    rules = [slimming.LayerRule(makes={"weight": 0}, reads={"weight": 1}),
+             slimming.LayerRule(carries={"weight": 0}),
+             slimming.LayerRule(makes={"weight": 0, "bias": 0}, reads={"weight": 1})]
+    held = [(register_op("myop", like), register_layer(_Layer, rule), like, rule)
+            for like, rule in zip(likes, rules)]
+    assert slimming.register_op is register_op and slimming.register_layer is register_layer
+    for i in rng.sample(range(3), 3):
+        op, layer, _, _ = held[i]
+        op.remove()
+        layer.remove()
+        held[i] = None
+        left = [h for h in held if h is not None]
+        if left:
+            assert OP_ALIASES["myop"] == left[-1][2] and RULES[left[-1][1]] is left[-1][3]
+    assert (dict(OP_ALIASES), dict(RULES), dict(MODULE_RULES)) == tables

@@ -285,27 +285,42 @@ def factor_width(module: nn.Module) -> int:
     return shape[0] if shape else module.weight.numel()
 
 
+_MISSING = object()
+# (id of a table, key) -> [the value before the first registration still held (or _MISSING),
+# then (registration, value) for each registration of that key still held, oldest first]
+_HELD: dict[tuple[int, object], list] = {}
+
+
 class Registration(str):
     """What ``register_layer`` and ``register_op`` return: the name registered (a ``str``), and
-    the way back, as torch's hook handles give it: ``remove()`` puts every table entry the
-    registration set as it was before (a rule it replaced comes back), and a ``with`` block
-    removes it when the block ends. Removing twice does nothing. ``entries``: (table, key, the
-    value before, or None where there was none)."""
+    the way back, as torch's hook handles give it. Made with the table entries it sets,
+    (table, key, value); ``remove()`` takes back its own and nothing else: where a later
+    registration of the same key is still held, that one's value stays; where none is, the value
+    from before them all comes back (a built-in rule it replaced). A ``with`` block removes it when
+    the block ends. Removing twice does nothing."""
 
     def __new__(cls, name: str, entries: list[tuple[dict, object, object]]):
         self = super().__new__(cls, name)
-        self._entries, self._removed = entries, False
+        self._keys, self._removed = [(table, key) for table, key, _ in entries], False
+        for table, key, value in entries:
+            _HELD.setdefault((id(table), key), [table.get(key, _MISSING)]).append((self, value))
+            table[key] = value
         return self
 
     def remove(self) -> None:
         if self._removed:
             return
         self._removed = True
-        for table, key, before in self._entries:
-            if before is None:
+        for table, key in self._keys:
+            held = _HELD[(id(table), key)]
+            held[1:] = [(r, v) for r, v in held[1:] if r is not self]
+            value = held[-1][1] if len(held) > 1 else held[0]
+            if len(held) == 1:
+                del _HELD[(id(table), key)]
+            if value is _MISSING:
                 table.pop(key, None)
             else:
-                table[key] = before
+                table[key] = value
 
     def __enter__(self) -> Registration:
         return self
@@ -340,11 +355,7 @@ def register_layer(module_type: type, rule: LayerRule, name: str | None = None) 
              and getattr(t, "__qualname__", t) != module_type.__qualname__]
     if (name in RULES and name not in MODULE_RULES.values()) or taken:
         raise SlimmingError(f"the layer kind {name!r} is taken; pass name=", param="name")
-    registration = Registration(name, [(RULES, name, RULES.get(name)),
-                                       (MODULE_RULES, module_type, MODULE_RULES.get(module_type))])
-    RULES[name] = rule
-    MODULE_RULES[module_type] = name
-    return registration
+    return Registration(name, [(RULES, name, rule), (MODULE_RULES, module_type, name)])
 
 
 def layer_kind(module: nn.Module) -> str | None:

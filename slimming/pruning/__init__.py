@@ -1,7 +1,8 @@
 """Pruning: which channels go together (``graph``: the channel graph, built by ``trace`` from one
 real forward that ``capture`` runs and tells to its listeners: the channel walk in ``trace``,
 what the inputs became and where parameters went in ``flow``; ``trace`` gives a ``traced``
-record, the graph and the widths, baked weights and coverage beside it; the handlers of what
+record, the graph and the widths, baked weights and coverage beside it; ``register``: the ops
+it knows, and ``register_layer`` and ``register_op``, which teach it yours; the handlers of what
 each torch op does to channels are in ``ops``, ``reshape`` (views, permutations, attention
 heads) and ``index``, and of layers, by the rules of ``slimming.layers.rules``, in
 ``layer_calls``), which to cut (``amount``: how much, read once where it enters;

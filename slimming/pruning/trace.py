@@ -3,7 +3,7 @@ forward of the example input in eval mode, and the records beside it (``Traced``
 weights, coverage). ``slimming.pruning.capture`` runs the forward and tells what ran to three
 listeners, each with its own state: what the inputs became and where parameters went
 (``slimming.pruning.flow``), and the channel walk here, which keeps the channel map of every
-tensor and hands each call to the handler of its op (``DISPATCH``; ``slimming.pruning.ops``,
+tensor and hands each call to the handler of its op (``register.DISPATCH``; ``slimming.pruning.ops``,
 ``reshape``, ``index``) or of its layer (``slimming.pruning.layer_calls``, by the rules of
 ``slimming.layers.rules``: a layer is known by the function it calls with one module's tensors,
 a rule with no such function by its module, followed whole). Module boundaries keep the stack
@@ -36,9 +36,8 @@ from torch import nn
 
 from ..errors import SlimmingError, first_line
 from ..layers.attention import decomposed
-from ..layers.rules import RULES, Registration, is_layer, module_kind
+from ..layers.rules import RULES, is_layer, module_kind
 from ..utils.modules import modes_kept
-from . import index, ops, reshape
 from .capture import Call, CaptureError, capture
 from .flow import Inputs, Params
 from .graph import (
@@ -55,19 +54,7 @@ from .graph import (
 )
 from .layer_calls import baked_left, layer, owned, whole_layer
 from .ops import (
-    CONSTANT_OPS,
-    ELEMENTWISE,
     META_OPS,
-    NORM_OPS,
-    PASS_OPS,
-    PRODUCT_OPS,
-    REDUCE_OPS,
-    RESHAPE_OPS,
-    SPLIT_OPS,
-    SUM_OPS,
-    VALUE_OPS,
-    ZERO_OPS,
-    Handler,
     Step,
     in_place,
     leaves,
@@ -75,6 +62,8 @@ from .ops import (
     picker,
     tensors,
 )
+from .register import DISPATCH, OP_ALIASES, calls
+from .register import register_op as register_op  # 0.2.0's path: slimming.pruning.trace.register_op
 from .traced import Traced
 
 
@@ -164,7 +153,7 @@ class Walk:
         self.entered: set[str] = set(after.entered) if after else set()  # modules whose forward ran
         self.made = dict(after.made) if after else {}  # layer -> (its output space, its first input)
         self.input_maps: list[Map | None] = list(after.input_maps) if after else []
-        self.calls = _calls()  # op name -> the layer kind whose rule is called through it
+        self.calls = calls()  # op name -> the layer kind whose rule is called through it
         self.entry: dict[str, torch.Tensor | None] = {}  # module -> the first tensor it was given
         self.baking: dict[str, torch.Tensor] = {}  # layer -> its call with a weight it computed
 
@@ -446,51 +435,6 @@ class Walk:
             return None
         self.g.tie(first[1], x, f"{name} is called on channels it cannot pair with its first call's")
         return first[0]
-
-
-def _dispatch() -> dict[str, Handler]:
-    """op name -> its handler; a later line wins where the tables share a name. The layers'
-    functions are not here: a rule's ``calls`` name them (``Walk.calls``)."""
-    table: dict[str, Handler] = {}
-    for names, handler in ((ZERO_OPS | PASS_OPS | ELEMENTWISE, ops.elementwise), (VALUE_OPS, ops.value),
-                           (SPLIT_OPS, ops.split), (REDUCE_OPS, ops.reduce), ({"max", "min"}, ops.extremum),
-                           (RESHAPE_OPS, reshape.reshape), (SUM_OPS | PRODUCT_OPS | {"div"}, ops.combine),
-                           (NORM_OPS, ops.norm), ({"prelu"}, ops.prelu), (CONSTANT_OPS, ops.constant)):
-        table.update(dict.fromkeys(names, handler))
-    table.update(roll=ops.roll, cat=ops.cat, stack=ops.stack, matmul=ops.matmul, bmm=ops.matmul,
-                 mm=ops.matmul, softmax=ops.softmax, log_softmax=ops.softmax,
-                 scaled_dot_product_attention=ops.scaled_dot_product_attention,
-                 multi_head_attention_forward=ops.multi_head_attention, zeros_like=ops.zeros_like,
-                 ones_like=ops.ones_like, empty_like=ops.ones_like, full_like=ops.ones_like,
-                 rand_like=ops.ones_like, randn_like=ops.ones_like, getitem=index.getitem,
-                 setitem=index.setitem)
-    return table
-
-
-def _calls() -> dict[str, str]:
-    """op name -> the layer kind whose rule is called through it (``F.conv2d``: ``conv``)."""
-    return {op: kind for kind, rule in RULES.items() for op in rule.calls}
-
-
-DISPATCH: dict[str, Handler] = _dispatch()
-OP_ALIASES: dict[str, str] = {}  # an op's name -> the known op it is followed as (register_op)
-
-
-def register_op(name: str, like: str) -> Registration:
-    """Follow the torch op ``name`` (a ``torch.library`` custom op's name, ``"swish"`` for
-    ``mylib::swish``, or any torch function the trace does not know) as the known op ``like``
-    (``"silu"``: element-wise, a zero stays zero if it does on a zero; ``"add"``: a sum that ties
-    its inputs; ``"cat"``, ``"view"``, ...): without it, an op the trace does not know keeps every
-    channel it reads. Returns a handle: ``.remove()`` or a ``with`` block undoes it."""
-    if not isinstance(name, str) or not name or name in DISPATCH or name in _calls():
-        raise SlimmingError(f"register_op takes the name of an op the trace does not know, not {name!r}",
-                            param="name")
-    if like not in DISPATCH and like not in _calls():
-        raise SlimmingError(f"register_op: {like!r} is not an op the trace knows (like='silu', 'add', "
-                            "'cat', 'view', ...)", param="like")
-    registration = Registration(name, [(OP_ALIASES, name, OP_ALIASES.get(name))])
-    OP_ALIASES[name] = like
-    return registration
 
 
 def _memory(t: torch.Tensor) -> int:
