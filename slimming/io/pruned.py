@@ -153,10 +153,62 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
             if not _example_shape(shape):
                 raise CheckpointError(f"{path}: its example_shape is {clip(repr(shape))}, not a shape")
             if not isinstance(getattr(model, "input_size", None), (list, tuple)):
-                device = next((t.device for t in model.parameters()), torch.device("cpu"))
-                example_inputs = torch.zeros(*shape, device=device)  # the shape it was cut on
+                _runs_bounded(model, shape, path)  # the shape it was cut on, which the file says
+                return model.eval()
         _runs(model, example_inputs, path)
     return model.eval()
+
+
+ACTIVATIONS = 1 << 30  # bytes the forward on a file's example_shape may allocate, over all its ops
+SMALL_INPUT = 1 << 22  # elements of an example_shape run for real where the cost cannot be told
+
+
+def _runs_bounded(model: nn.Module, shape: list[int], path) -> None:
+    """``_runs`` on zeros of the file's ``example_shape``, at a cost the file cannot inflate (a
+    file of a few KB saying 4096 x 4096 would take gigabytes): the forward runs first on fake
+    tensors (shapes only, no memory: widths that do not fit fail there too), counting the bytes
+    its ops would allocate; for real where that is at most ``ACTIVATIONS``, else the shapes'
+    word stands. Where fake tensors cannot run it (an op whose output shape depends on values:
+    a detector's ``nonzero``), for real where the input has at most ``SMALL_INPUT`` elements;
+    a larger one is refused in one line (pass ``example_inputs``)."""
+    device = next((t.device for t in model.parameters()), torch.device("cpu"))
+    cost = _fake_cost(model, shape, device)
+    if cost is not None and cost > ACTIVATIONS:
+        return
+    if cost is None and math.prod(shape) > SMALL_INPUT:
+        raise CheckpointError(f"{path}: its example_shape {clip(repr(shape))} is too large to check the "
+                              f"widths on ({math.prod(shape)} elements); pass example_inputs= of the size "
+                              "you run")
+    _runs(model, torch.zeros(*shape, device=device), path)
+
+
+def _fake_cost(model: nn.Module, shape: list[int], device) -> int | None:
+    """The bytes ``model``'s eval forward on zeros of ``shape`` allocates over all its ops (an
+    upper bound on its peak), told by a run on fake tensors; None where it cannot run so."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+    except ImportError:  # a torch without them: the cost cannot be told
+        return None
+
+    class Counted(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Counted.total += sum(t.numel() * t.element_size() for t in tree_leaves(out)
+                                 if isinstance(t, torch.Tensor))
+            return out
+
+    try:
+        with modes_kept(model), torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+            x = torch.zeros(*shape, device=device)
+            with Counted():
+                model.eval()(x)
+    except Exception:  # noqa: BLE001 (what fake tensors cannot run, or widths that do not fit: for real)
+        return None
+    return Counted.total
 
 
 def _runs(model: nn.Module, example_inputs, path) -> None:

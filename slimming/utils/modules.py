@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 
@@ -109,8 +110,12 @@ def modes_kept(model: nn.Module):
     """Every module's train/eval flag and buffers as they were when the block ends, whatever the
     block set: a BatchNorm frozen in eval inside a training model stays frozen, and a forward
     that counts its calls or keeps a running average in a buffer leaves it as it found it (the
-    trace, the check and compensation run forwards the user never asked for)."""
+    trace, the check and compensation run forwards the user never asked for). Every other
+    attribute too (not only tensors): one the forward set (Hugging Face's Swin sets its
+    ``window_size`` from the input's size, 4 -> 3 at a smaller one) or added (a cache) is put
+    back or removed, and a plain dict, list or set it filled is emptied back to what it held."""
     flags = [(m, m.training) for m in model.modules()]
+    attributes = [_attributes(m) for m, _ in flags]
     with torch.no_grad():
         buffers = [(m, k, b, b.clone()) for m in model.modules() for k, b in m._buffers.items()
                    if isinstance(b, torch.Tensor)]
@@ -120,6 +125,8 @@ def modes_kept(model: nn.Module):
         for m, training in flags:
             if m.training != training:  # Module.__setattr__ is slow: a check runs this per module
                 m.training = training
+        for m, values, contents in attributes:
+            _put_back(m, values, contents)
         with torch.no_grad():
             for m, k, b, saved in buffers:
                 if m._buffers.get(k) is not b:  # replaced (self.ema = self.ema * 0.9 + ...)
@@ -127,3 +134,40 @@ def modes_kept(model: nn.Module):
                 if b.shape != saved.shape:  # resized in place (a QAT observer's first min/max)
                     b.resize_(saved.shape)
                 b.copy_(saved)
+
+
+_CONTAINERS = (dict, list, set, collections.OrderedDict)
+
+
+def _attributes(m: nn.Module) -> tuple[nn.Module, dict, dict]:
+    """(``m``, its attributes, what each plain container among them holds): what ``modes_kept``
+    puts back."""
+    values = vars(m)
+    return m, dict(values), {k: (list(v.items()) if isinstance(v, dict) else list(v))
+                             for k, v in values.items() if type(v) in _CONTAINERS}
+
+
+def _put_back(m: nn.Module, values: dict, contents: dict) -> None:
+    now = vars(m)
+    if len(now) != len(values) or any(now.get(k, now) is not v for k, v in values.items()):
+        for key in [k for k in now if k not in values]:  # added by the block
+            del now[key]
+        for key, v in values.items():  # set by the block (an int, a tensor, a module's class)
+            if now.get(key, now) is not v:
+                now[key] = v
+    for key, held in contents.items():
+        box = values[key]
+        if not _holds(box, held):
+            box.clear()
+            box.update(held) if isinstance(box, (dict, set)) else box.extend(held)
+
+
+def _holds(box, held: list) -> bool:
+    """Whether the container ``box`` holds what ``held`` listed, the very objects."""
+    if len(box) != len(held):
+        return False
+    if isinstance(box, dict):
+        return all(box.get(k, box) is v for k, v in held)
+    if isinstance(box, set):
+        return all(x in box for x in held)
+    return all(a is b for a, b in zip(box, held))
