@@ -86,7 +86,10 @@ def number(value, param: str, *, integer: bool = False, low: float | None = None
     """``value`` if it is a finite real number (an int where ``integer``) in the range given;
     else a SlimmingError naming ``param``. A bool, a string ("0.5"), NaN and inf are refused."""
     kind = numbers.Integral if integer else numbers.Real
-    ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        ok = isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value)
+    except OverflowError:  # an integer too large for a float (10**400)
+        ok = False
     ok = ok and (low is None or value > low or (low_ok and value == low))
     ok = ok and (high is None or value < high or (high_ok and value == high))
     if not ok:

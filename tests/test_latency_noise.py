@@ -8,6 +8,7 @@ import json
 import math
 import random
 import statistics
+import warnings
 
 import pytest
 import torch
@@ -413,3 +414,63 @@ def test_the_table_each_measurement_and_each_sweep_point_show_progress(monkeypat
     data = [(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))]
     sweep_module.sweep(model, data, torch.device("cpu"), [0.3, 0.6], axis="percent")
     assert [b.n for b in bars if b.desc == "sweep (percent)"] == [2]
+
+
+def _odd(state: str, tmp_path, monkeypatch) -> None:
+    """The table's file or folder in an odd state (hostile round 6)."""
+    import os
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(latency.CACHE_ENV, str(cache))
+    path = MeasuredLatency("cpu").path
+    if state in ("nested", "huge-entry", "directory"):
+        path.parent.mkdir(parents=True)
+        if state == "nested":
+            path.write_text("[" * 100_000)
+        elif state == "huge-entry":
+            context = json.dumps(MeasuredLatency("cpu", cache=False).context)
+            path.write_text('{"context": ' + context + ', "entries": {"k": 1' + "0" * 400 + "}}")
+        else:
+            path.mkdir()
+    elif state == "cache-dir-a-file":
+        cache.write_text("")
+    elif state == "latency-a-file":
+        cache.mkdir()
+        (cache / "latency").write_text("")
+    elif state == "read-only":
+        cache.mkdir()
+        os.chmod(cache, 0o500)
+        if os.access(cache, os.W_OK):  # root writes anyway: a folder it cannot make instead
+            monkeypatch.setenv(latency.CACHE_ENV, "/proc/slimming-cache")
+
+
+STATES = ["nested", "huge-entry", "directory", "cache-dir-a-file", "latency-a-file", "read-only"]
+
+
+@pytest.mark.parametrize("state", STATES)
+def test_a_cache_that_cannot_be_read_or_written_never_loses_the_result(state, tmp_path, monkeypatch,
+                                                                       steady_clock, one_thread):
+    """A latency table that cannot be read is empty, one that cannot be written is said in one
+    warning; the prune's result stands (no RecursionError, OverflowError or OSError after all
+    its work), and from the command line the pruned file is written."""
+    from slimming import checkpoint_dict, count_params, save_checkpoint
+    from slimming.cli import main
+
+    _odd(state, tmp_path, monkeypatch)
+    assert MeasuredLatency("cpu").entries == {}  # read: empty, at once
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 32, "M", 32, "M", 32]).eval()
+    sparsity_shaped(model, 16)
+    unwritable = state not in ("nested", "huge-entry")  # those two are written over, as a cache is
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, target_latency=0.7, example_inputs=torch.zeros(1, 3, 32, 32))
+    said = [w for w in seen if "the latency table was not written" in str(w.message)]
+    assert result.budget.rounds and count_params(result.model) < count_params(model)
+    assert bool(said) == unwritable and all("\n" not in str(w.message) for w in said)
+    assert unwritable or MeasuredLatency("cpu").entries  # the damaged table was made again
+    save_checkpoint(checkpoint_dict(model), tmp_path / "sparse.pth")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        code = main(["prune", "--checkpoint", str(tmp_path / "sparse.pth"), "--target-latency", "0.7",
+                     "--save", str(tmp_path / "out"), "--cpu", "--no-eval"])
+    assert code == 0 and (tmp_path / "out" / "pruned.pth").is_file()

@@ -248,6 +248,15 @@ BAD_PYTHON = [  # (keywords to prune, the parameter the error must name)
     (dict(percent=0.5, surgery="graph", ignore=5), "ignore"),
     (dict(percent=0.5, surgery="graph", ignore=1.5), "ignore"), (dict(target_flops="0.5"), "target_flops"),
     (dict(target_params=math.nan), "target_params"),
+    # hostile round 6: an integer too large for a float, a latency model of the wrong kind or
+    # that nothing would use, a cut_heads that is no bool ('no' is true)
+    *[(dict(**{k: 10 ** 400}), k) for k in ("percent", "threshold", "target_flops", "target_params",
+                                            "target_latency")],
+    *[(dict(percent=0.5, **{k: 10 ** 400}), k) for k in ("min_channels", "max_layer_prune", "round_to")],
+    *[(dict(target_latency=0.5, latency_model=m), "latency_model")
+      for m in (5, object(), "cpu", __import__("slimming").MeasuredLatency)],
+    (dict(percent=0.5, latency_model=__import__("slimming").MeasuredLatency("cpu")), "latency_model"),
+    *[(dict(percent=0.5, cut_heads=v), "cut_heads") for v in ("no", 0, None, 2)],
 ]
 
 

@@ -44,6 +44,7 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys, reques
         request.getfixturevalue("steady_clock")
     namespace: dict = {}
     rules, module_rules = dict(layers.RULES), dict(layers.MODULE_RULES)
+    held = {key: list(entries) for key, entries in layers._HELD.items()}  # the registrations held
     try:
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
@@ -53,6 +54,8 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys, reques
         layers.RULES.update(rules)
         layers.MODULE_RULES.clear()
         layers.MODULE_RULES.update(module_rules)
+        layers._HELD.clear()  # its handle, never removed, held no more either
+        layers._HELD.update(held)
     # an example warns only where it says so ("it warns: the model shows little sparsity"), and
     # then it does: a fresh model's gammas, all ones, cut by half without a word of it gave "40
     # layers keep under 5%" twice to the first reader who copied the README's example

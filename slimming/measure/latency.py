@@ -22,6 +22,7 @@ import platform
 import re
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from ..errors import SlimmingError, first_line
 from ..utils.files import human_bytes, read_regular, write_text
 from ..utils.modules import hooked
 from . import timing
@@ -77,6 +79,18 @@ def clear_cache() -> int:
     for f in _tables(folder):
         f.unlink(missing_ok=True)
     return size
+
+
+def _milliseconds(value) -> float | None:
+    """A table entry as a time: a finite number >= 0, else None (a string, a bool, NaN, an
+    integer too large for a float: 10**400)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if 0 <= value < math.inf else None
 
 
 def device_context(device: torch.device, runtime: str = "eager") -> dict:
@@ -287,7 +301,7 @@ class MeasuredLatency:
         file, too large, not ours, or damaged: it is a cache, remade by timing again)."""
         try:
             data = json.loads(read_regular(self.path, MAX_TABLE_BYTES))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: 100,000 nested brackets
             return {}, {}
         ours = isinstance(data, dict) and data.get("context") == self.context
         entries = data.get("entries") if ours else None
@@ -296,9 +310,8 @@ class MeasuredLatency:
         networks = data.get("networks")
         networks = {k: v for k, v in networks.items() if isinstance(k, str) and isinstance(v, dict)} \
             if isinstance(networks, dict) else {}
-        return {k: float(v) for k, v in entries.items()
-                if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                and math.isfinite(v) and v >= 0}, networks
+        times = {k: _milliseconds(v) for k, v in entries.items() if isinstance(k, str)}
+        return {k: v for k, v in times.items() if v is not None}, networks
 
     def _time(self, spec: LayerSpec, in_ch: int, out_ch: int) -> list[float]:
         """Samples (ms) of the layer ``spec`` at these widths, in this runtime."""
@@ -359,10 +372,15 @@ class MeasuredLatency:
         """Write the table (atomically) when this object timed anything new; the noisy
         timings stay out of it."""
         if self.cache and self.dirty:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             entries = {k: v for k, v in self.entries.items() if k not in self.noisy}
-            write_text(self.path, json.dumps({"context": self.context, "entries": entries,
-                                              "networks": self.networks}))
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_text(self.path, json.dumps({"context": self.context, "entries": entries,
+                                                  "networks": self.networks}))
+            except (OSError, SlimmingError) as e:  # a cache: the result it timed stands
+                warnings.warn(f"the latency table was not written ({first_line(e, 160)}): the result "
+                              f"stands, and the next prune times these layers again (${CACHE_ENV} "
+                              "sets where the tables go)", stacklevel=2)
             self.dirty = False
 
     def describe(self) -> dict:

@@ -13,10 +13,18 @@ layer's); the 1-D tensors made row by row of them (``rows_of``: ``torch.cat((q_b
 v_bias))`` in EVA and BEiT, Swin-v2's ``qkv.bias.clone()`` with the keys' third zeroed), whose
 rows are cut with the layer's output channels; and what ``F.pad`` made of what (``pads``: the
 TensorFlow SAME padding a baked layer does again).
+
+``compared_widths``: while the forward runs, the integer attributes of the user's own modules
+are ``TrackedInt``s, which note where the user's code compares one as a number (``if
+x.shape[-1] < self.c``, ``min(self.window, H)``): a cut that lowered such a width would change
+what the forward decides, at every input size, and the trace keeps it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import weakref
 from collections.abc import Callable
 from typing import NamedTuple
@@ -171,3 +179,66 @@ class Params:
             mode = arg(c.args, c.kwargs, 2, "mode", "constant")
             value = arg(c.args, c.kwargs, 3, "value", None)
             self.pads[id(c.out)] = Padded(c.out, given[0], arg(c.args, c.kwargs, 1, "pad"), mode, value)
+
+
+_OWN = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class TrackedInt(int):
+    """An integer attribute of the user's module while the trace's forward runs: the same int,
+    which adds ``where`` (module, attribute, value) to ``seen`` when code that is neither torch's
+    nor slimming's compares it by order."""
+
+    def __new__(cls, value: int, where: tuple, seen: set):
+        self = super().__new__(cls, value)
+        self.where, self.seen = where, seen
+        return self
+
+    def _compared(self) -> None:
+        if not sys._getframe(2).f_code.co_filename.startswith(_OWN):  # 0: here, 1: the operator
+            self.seen.add(self.where)
+
+    def __lt__(self, other):
+        self._compared()
+        return int.__lt__(self, other)
+
+    def __le__(self, other):
+        self._compared()
+        return int.__le__(self, other)
+
+    def __gt__(self, other):
+        self._compared()
+        return int.__gt__(self, other)
+
+    def __ge__(self, other):
+        self._compared()
+        return int.__ge__(self, other)
+
+    def __reduce__(self):  # a copy or a pickle made in the forward: the plain int
+        return int, (int(self),)
+
+
+INTS = (int, TrackedInt)  # what an integer attribute is, during the trace too
+
+
+@contextlib.contextmanager
+def compared_widths(model: nn.Module, found: list[tuple[str, str, int]]):
+    """For the block, every integer attribute above 1 of the user's own modules (not torch's) is
+    a ``TrackedInt``; ``found`` then gets (module, attribute, value) for each one the user's code
+    compared by order. Every attribute is put back after."""
+    seen: set[tuple[str, str, int]] = set()
+    swapped = []
+    for name, m in model.named_modules():
+        if type(m).__module__.startswith("torch."):
+            continue
+        for key, value in list(vars(m).items()):
+            if type(value) is int and value > 1 and not key.startswith("_"):
+                vars(m)[key] = TrackedInt(value, (name, key, value), seen)
+                swapped.append((m, key, value))
+    try:
+        yield
+    finally:
+        for m, key, value in swapped:
+            if isinstance(vars(m).get(key), TrackedInt):
+                vars(m)[key] = value
+        found.extend(sorted(seen - set(found)))

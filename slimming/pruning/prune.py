@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from .. import models
-from ..errors import SlimmingError, first_line, listed, number
+from ..errors import SlimmingError, clip, first_line, listed, number
 from ..layers.gates import fold
 from ..utils.modules import eager_model, modes_kept
 from . import budget, estimate, plans, repair, speed, widths
@@ -114,7 +114,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     amount = Amount.of(percent, threshold, target_flops, target_params, target_latency)  # read once, here
     if round_to is None:  # the paper's exact widths, or under a latency budget widths that run fast
         round_to = ROUND_FOR_SPEED if amount.kind == "target_latency" else 1
-    _check_arguments(round_to, output_transform)
+    _check_arguments(round_to, output_transform, cut_heads, latency_model, amount)
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
@@ -138,12 +138,26 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
 ROUND_FOR_SPEED = 8  # round_to's default under a latency budget (benchmarks/RESULTS.md, "Latency", widths)
 
 
-def _check_arguments(round_to, output_transform) -> None:
+def _check_arguments(round_to, output_transform, cut_heads, latency_model, amount: Amount) -> None:
     """What else prune refuses before any work (beside a surgery it does not know and an amount
     it cannot read, ``Amount.of``): a round_to that is no width, an output_transform that is no
-    function."""
+    function, a cut_heads that is no bool ('no' is true), a latency_model that is none (a
+    class, a device name) or that nothing would use."""
     if round_to != "auto":
         number(round_to, "round_to", integer=True, low=1)
+    if not isinstance(cut_heads, bool):
+        raise SlimmingError(f"cut_heads takes True or False, not {clip(repr(cut_heads))}", param="cut_heads")
+    if latency_model is not None:
+        if isinstance(latency_model, type) or not all(callable(getattr(latency_model, a, None))
+                                                      for a in ("layer", "network")):
+            got = f"the class {latency_model.__name__}" if isinstance(latency_model, type) \
+                else clip(repr(latency_model))
+            raise SlimmingError(f"latency_model takes what times layers and networks (an instance: "
+                                f"MeasuredLatency('cpu')), not {got}", param="latency_model")
+        if amount.kind != "target_latency" and round_to != "auto":
+            raise SlimmingError("latency_model times a latency budget or round_to='auto': give "
+                                "target_latency or round_to='auto' with it, or leave it out",
+                                param="latency_model")
     if output_transform is not None and not callable(output_transform):
         raise SlimmingError("output_transform takes a function of the model's output (lambda out: out[0]), "
                             f"not {type(output_transform).__name__}", param="output_transform")

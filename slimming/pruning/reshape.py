@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from .flow import INTS
 from .graph import Map, Seg, pin_heads
 from .ops import HEAD_ATTRS, PERMUTE_OPS, Step, Walk, permutation
 
@@ -85,7 +86,7 @@ def _width_follows(w: Walk, s: Step, k: int) -> bool:
         sizes = sizes[0]
     if len(sizes) != s.out.dim() or not isinstance(sizes[k], int) or sizes[k] == -1:
         return True
-    return sizes[k] in {v for v in vars(w.modules[w.stack[-1]]).values() if type(v) is int}
+    return sizes[k] in {int(v) for v in vars(w.modules[w.stack[-1]]).values() if type(v) in INTS}
 
 
 def _kept_whole(w: Walk, x: Map, what: str, size: int) -> None:
@@ -156,7 +157,7 @@ def head_axis(w: Walk, shape: tuple[int, ...]) -> tuple[int, int] | None:
         return None
     where = w.stack[-1]  # the module's name ("" for the model itself)
     module = w.modules[where]
-    held = [(a, getattr(module, a)) for a in HEAD_ATTRS if type(getattr(module, a, None)) is int]
+    held = [(a, int(getattr(module, a))) for a in HEAD_ATTRS if type(getattr(module, a, None)) in INTS]
     found = [(a, v, len(shape) - 1 - shape[::-1].index(v)) for a, v in held if v > 1 and v in shape]
     if len(found) != 1:
         return None

@@ -39,7 +39,7 @@ from ..layers.attention import decomposed
 from ..layers.rules import RULES, is_layer, module_kind
 from ..utils.modules import modes_kept
 from .capture import Call, CaptureError, capture
-from .flow import Inputs, Params
+from .flow import INTS, Inputs, Params, compared_widths
 from .graph import (
     ChannelGraph,
     GraphError,
@@ -166,8 +166,9 @@ class Walk:
                 self.input_maps.append(Map([Seg(space, 0, t.shape[1], False)]))
             self.set(t, self.input_maps[i])
         try:
-            out = capture(self.model, inputs, [self.inputs, self, self.params], training,
-                          leaf=lambda m: module_kind(m) is not None)
+            with compared_widths(self.model, self.traced.coverage.compared):
+                out = capture(self.model, inputs, [self.inputs, self, self.params], training,
+                              leaf=lambda m: module_kind(m) is not None)
         except CaptureError as e:
             raise GraphError(str(e)) from None
         self.traced.coverage.value_reads += self.inputs.reads
@@ -281,6 +282,7 @@ class Walk:
     def finish(self) -> None:
         pin_shared(self.g)
         coverage = self.traced.coverage
+        self.compared(coverage.compared)
         coverage.unseen = self.unseen()
         attention = nn.MultiheadAttention  # (its out_proj is run through its tensors by torch's forward)
         coverage.by_weight = [n for n in self.layer_names() if n in self.seen and n not in self.entered
@@ -298,6 +300,24 @@ class Walk:
         self.storage.clear()
         self.entry.clear()
         self.inputs, self.params = Inputs(self.get), Params(self.model)  # what they held, freed
+
+    def compared(self, found: list[tuple[str, str, int]]) -> None:
+        """The channels of every width an integer attribute holds that the forward compared as a
+        number (``flow.compared_widths``): kept, in one warning, since a cut that lowered it would
+        change what the forward decides (``if x.shape[-1] < self.c``) at every input size."""
+        kept = []
+        for name, attr, value in found:
+            widths = self.traced.widths
+            maps = [m for m in (*widths.frames.get(name, ()), *widths.borders.get(name, ()))
+                    if m.factor == 1 and m.channels == value]
+            for m in maps:
+                self.g.pin(m, f"{name or 'the model'}.{attr} is compared as a number by the forward")
+            if maps:
+                kept.append(f"{name}.{attr}" if name else attr)
+        if kept:
+            warnings.warn(f"slimming kept the channels of {len(kept)} width(s) the forward compares as "
+                          f"numbers (a cut would change what it decides): {', '.join(kept[:6])}",
+                          stacklevel=4)
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -348,7 +368,7 @@ class Walk:
         that the cut can set it), when sizes are followed at all."""
         if not self.follow_sizes or not self.stack:
             return False
-        held = {v for v in vars(self.modules[self.stack[-1]]).values() if type(v) is int}
+        held = {int(v) for v in vars(self.modules[self.stack[-1]]).values() if type(v) in INTS}
         return set(sizes) <= held
 
     def in_ignored(self) -> bool:

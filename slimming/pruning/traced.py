@@ -56,6 +56,8 @@ class Coverage:
     unseen: list[str] = field(default_factory=list)  # layers the forward never ran
     by_weight: list[str] = field(default_factory=list)  # run through their tensors, never their forward
     value_reads: list[str] = field(default_factory=list)  # modules whose forward read values of the inputs
+    # (module, attribute, value): integer attributes the forward compared as numbers (flow.compared_widths)
+    compared: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 @dataclass
