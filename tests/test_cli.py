@@ -406,3 +406,48 @@ def test_the_check_and_the_heads_are_two_flags(flags, verify, cut_heads, sparse_
                        "--save", tmp_path, "--cpu", "--no-eval", *flags)
     assert code == 0, err
     assert seen["verify"] is verify and seen["cut_heads"] is cut_heads
+
+
+@pytest.mark.parametrize("argv,says,never", [
+    (["prune", "--target-latency", "0.5", "--latency-batch", "1.5"], "1.5 is not a whole number",
+     "not a number"),
+    (["prune", "--target-latency", "0.5", "--latency-batch", "1e30"], "1e30 is not a whole number",
+     "not a number"),
+    (["prune", "--percent", "0.5", "--round-to", "1.5"], "1.5 is not a whole number", "not a number"),
+    (["sweep", "--target-latency", "nan"], "fraction of the unpruned model's latency, in (0, 1)", "percent"),
+    (["sweep", "--target-latency", "-1"], "of the unpruned model's latency, got -1", "percent"),
+    (["sweep", "--target-latency", "2,3ms"], "fractions of the unpruned model's latency", "channels"),
+    (["sweep", "--target-flops", "1e400"], "fraction of the unpruned model's count", "percent"),
+    (["sweep", "--target-params", "0.5:0.1:0.1"], "below the start", "percent"),
+])
+def test_a_budget_flag_s_error_speaks_of_what_it_takes(argv, says, never, tmp_path, capsys):
+    """Hostile round 6: '1.5' was "not a number", and nine sweep --target-latency errors spoke of
+    percents; each says what the flag takes, in one line, exit 2, before any data is read."""
+    from slimming import checkpoint_dict, models, save_checkpoint
+
+    save_checkpoint(checkpoint_dict(models.build("vgg", cfg=[8, "M", 8, "M", 8, "M", 8, "M", 8])),
+                    tmp_path / "c.pth")
+    try:  # argparse's errors exit, slimming's are returned
+        code = main([argv[0], "--checkpoint", str(tmp_path / "c.pth"), *argv[1:],
+                     "--save", str(tmp_path / "o"), "--cpu"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and says in err and never not in err and err.count("\n") == 1, err
+
+
+def test_prune_under_inference_mode_is_the_prune_outside_it():
+    """Hostile round 6: under torch.inference_mode() the check refused "its own cut" and asked
+    to report the network; inference mode is off inside prune, and the cut is the same."""
+    import torchvision
+    from conftest import sparsity_shaped
+
+    import slimming
+
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, 2)
+    outside = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 32, 32))
+    with torch.inference_mode():
+        inside = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 32, 32))
+    assert inside.cfg == outside.cfg and inside.verified is not None
+    assert all(not p.is_inference() and p.requires_grad for p in inside.model.parameters())

@@ -474,3 +474,33 @@ def test_a_cache_that_cannot_be_read_or_written_never_loses_the_result(state, tm
         code = main(["prune", "--checkpoint", str(tmp_path / "sparse.pth"), "--target-latency", "0.7",
                      "--save", str(tmp_path / "out"), "--cpu", "--no-eval"])
     assert code == 0 and (tmp_path / "out" / "pruned.pth").is_file()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: MeasuredLatency('cuda') times on it")
+def test_a_timer_on_a_device_that_is_not_here_is_one_line():
+    for device in ("cuda", "cuda:3"):
+        with pytest.raises(SlimmingError) as e:
+            MeasuredLatency(device)
+        assert e.value.params == ("device",) and "\n" not in str(e.value)
+    with pytest.raises(SlimmingError, match="takes a device"):
+        MeasuredLatency("gpu please")
+
+
+@pytest.mark.parametrize("gives", [[], [[]], [[1.0], [2.0], [3.0]], [["fast"]], [[float("nan")]], [[-1.0]],
+                                   None])
+def test_a_latency_model_whose_network_gives_no_timings_is_one_line(gives, one_thread):
+    """Hostile round 6: a latency model's network() giving no samples (or not one list per
+    network, or no times) was a raw IndexError or TypeError deep in the search."""
+
+    class Broken(StepLatency):
+        def network(self, models, inputs):
+            return gives
+
+    model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 32, "M", 32, "M", 32]).eval()
+    sparsity_shaped(model, 16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(SlimmingError) as e:
+        slimming.prune(model, target_latency=0.6, example_inputs=torch.zeros(1, 3, 32, 32),
+                       latency_model=Broken())
+    assert e.value.params == ("latency_model",) and "\n" not in str(e.value)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())

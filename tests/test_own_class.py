@@ -299,3 +299,61 @@ def test_save_pruned_of_a_model_on_the_meta_device_is_one_line(tmp_path):
     with pytest.raises(SlimmingError, match="meta device") as e:
         save_pruned(model, tmp_path / "x.pth")
     assert e.value.params == ("model",) and not (tmp_path / "x.pth").exists()
+
+
+class Grouped(nn.Module):
+    """A GroupNorm (cut by whole groups) and a buffer outside the state_dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.gn = nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16)
+        self.register_buffer("shift", torch.zeros(1, 16, 1, 1), persistent=False)
+        self.fc = nn.Linear(16, 2)
+
+    def forward(self, x):
+        return self.fc((self.gn(self.conv(x)) + self.shift).mean((2, 3)))
+
+
+@pytest.mark.parametrize("forge", ["num_groups-1", "num_groups-2", "nan-buffer"])
+def test_a_forged_group_count_or_buffer_is_refused(tmp_path, forge):
+    """Hostile round 6: a GroupNorm's num_groups forged (the same channels, other groups) loaded
+    and computed 0.6-0.7 off, its forward running; a NaN in the file's buffers loaded. Both are
+    refused in one line, the fresh instance as it was; the file as written loads."""
+    from slimming.utils.safeload import checksum
+
+    model = Grouped().eval()
+    with torch.no_grad():
+        model.gn.weight.copy_(torch.tensor([1.0] * 4 + [1e-4] * 4 + [1.0] * 8))
+    result = slimming.prune(model, percent=0.25, example_inputs=torch.zeros(1, 3, 8, 8), compensate=False)
+    path = tmp_path / "pruned.pth"
+    save_pruned(result.model, path)
+    assert load_pruned(path, Grouped()).gn.num_groups == result.model.gn.num_groups == 3
+    blob = torch.load(path, weights_only=True)
+    if forge.startswith("num_groups"):
+        blob["widths"]["gn.num_groups"] = int(forge[-1])
+    else:
+        blob["buffers"]["shift"][0, 1] = float("nan")
+    blob["checksum"] = checksum(blob)
+    torch.save(blob, path)
+    fresh = Grouped()
+    with pytest.raises(CheckpointError) as e:
+        load_pruned(path, fresh)
+    assert "\n" not in str(e.value) and fresh.gn.num_groups == 4 and fresh.shift.shape == (1, 16, 1, 1)
+
+
+def test_save_pruned_where_it_cannot_write_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    """A folder that cannot be written (here /proc, which even root cannot write) and a disk that
+    fills under torch's writer (its RuntimeError) are one SlimmingError naming the path."""
+    model = Small()
+    with pytest.raises(SlimmingError) as e:
+        save_pruned(model, "/proc/slimming-test/pruned.pth")
+    assert e.value.params == ("path",) and "\n" not in str(e.value)
+
+    def full(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing "
+                           "file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(SlimmingError, match="cannot write it .*file write failed") as e:
+        save_pruned(model, tmp_path / "p.pth")
+    assert e.value.params == ("path",) and list(tmp_path.iterdir()) == []

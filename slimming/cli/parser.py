@@ -70,7 +70,11 @@ def _number(kind, low, low_ok: bool, what: str, high: float = math.inf):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            try:
+                float(text)  # a number, but not a whole one: say what it must be
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{text} is not a whole number: it must be {what}") from None
         if (not math.isfinite(value) or value < low or (value == low and not low_ok)
                 or value >= high):
             raise argparse.ArgumentTypeError(f"{text} is not {what}")

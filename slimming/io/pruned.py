@@ -64,9 +64,14 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     # buffers outside the state_dict (persistent=False: EVA's k_bias) the cut may have narrowed
     loose = {n: b for n, b in model.named_buffers() if n not in state}
     baked = baked_layers(model)  # layers that computed their weight, now plain (slimming.layers.baked)
-    save_checked({"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
-                  "state_dict": state, **({"buffers": loose} if loose else {}),
-                  **({"baked": baked} if baked else {})}, path)
+    blob = {"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
+            "state_dict": state, **({"buffers": loose} if loose else {}),
+            **({"baked": baked} if baked else {})}
+    try:
+        save_checked(blob, path)
+    except (OSError, RuntimeError) as e:  # a full disk (torch's writer: RuntimeError), a read-only folder
+        raise SlimmingError(f"{path}: cannot write it ({first_line(e, 160)}); nothing was written",
+                            param="path") from None
 
 
 def _plain(value, depth: int = 0) -> bool:
@@ -133,10 +138,13 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
     _check_shapes(model, state, path)
     loose = _loose_buffers(model, blob.get("buffers", {}), path)
     meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    group_sizes = {name: m.num_channels // m.num_groups for name, m in model.named_modules()
+                   if isinstance(m, nn.GroupNorm) and m.num_groups > 0}
     with torch.no_grad(), restored_on_error(model, values=True):
         rebake(model, blob.get("baked"), path)  # the layers the cut baked: plain ones, as saved
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
+        _whole_groups(model, group_sizes, path)
         thinned(model)
         for name, t in loose.items():  # narrowed by the cut: the file's
             owner, _, attr = name.rpartition(".")
@@ -228,6 +236,19 @@ def _runs(model: nn.Module, example_inputs, path) -> None:
                                   f"fails ({first_line(e, 160)})") from None
 
 
+def _whole_groups(model: nn.Module, sizes: dict[str, int], path) -> None:
+    """CheckpointError unless every GroupNorm kept the size of its groups as built: a cut
+    removes whole groups (its ``num_groups`` falls with its channels), so a file whose
+    ``num_groups`` was forged (4 -> 2 on the same channels) normalises over other groups and
+    computes something else, though its forward runs."""
+    for name, size in sizes.items():
+        m = model.get_submodule(name)
+        if m.num_groups < 1 or m.num_channels != m.num_groups * size:
+            raise CheckpointError(f"{path}: {name or 'the model'} is a GroupNorm of {m.num_groups} groups "
+                                  f"over {m.num_channels} channels, but a cut keeps its groups of {size}: "
+                                  "an edited or damaged file")
+
+
 def _loose_buffers(model: nn.Module, buffers, path) -> dict[str, torch.Tensor]:
     """The file's buffers outside the state_dict (``persistent=False``) whose shape differs from
     the instance built: each must be such a buffer of the model, of its rank, no dim wider
@@ -243,6 +264,7 @@ def _loose_buffers(model: nn.Module, buffers, path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: {clip(key)} is no buffer of {type(model).__name__} kept outside "
                                   "its state_dict")
         _narrower(key, t, built, path)
+    check_values(buffers, path)  # NaN is no buffer's value (an infinite mask may be)
     return {k: t for k, t in buffers.items() if t.shape != own[k].shape}
 
 

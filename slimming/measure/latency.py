@@ -31,7 +31,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..errors import SlimmingError, first_line
+from ..errors import SlimmingError, clip, first_line
 from ..utils.files import human_bytes, read_regular, write_text
 from ..utils.modules import hooked
 from . import timing
@@ -285,7 +285,17 @@ class MeasuredLatency:
 
     def __init__(self, device: torch.device | str = "cpu", repeats: int = 12, cache: bool = True,
                  runtime: str = "eager", max_seconds: float = timing.MAX_SECONDS):
-        self.device, self.repeats, self.cache = torch.device(device), repeats, cache
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise SlimmingError(f"MeasuredLatency takes a device ('cpu', 'cuda:0'), not "
+                                f"{clip(repr(device))}", param="device") from None
+        if self.device.type == "cuda" and not (torch.cuda.is_available()
+                                               and (self.device.index or 0) < torch.cuda.device_count()):
+            raise SlimmingError(f"MeasuredLatency: there is no {self.device} here to time on (no CUDA GPU "
+                                "torch can use); time on 'cpu', or where the network will run",
+                                param="device")
+        self.repeats, self.cache = repeats, cache
         check_runtime(runtime, self.device)
         self.runtime, self.max_seconds = runtime, max_seconds
         self.context = device_context(self.device, runtime)

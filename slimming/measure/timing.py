@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from ..errors import SlimmingError, clip
+
 QUANTILE = 0.1  # the estimate: the fastest tenth of the samples
 RESAMPLES = 200  # bootstrap resamples for a spread (a few ms of Python for 100 samples)
 MAX_SAMPLES = 120  # samples per network at most in one measurement
@@ -104,14 +106,30 @@ def sample(cost, models: Sequence, inputs: tuple, enough: Callable[[list[list[fl
     start = time.perf_counter()
     with tqdm(desc=desc, unit="round", leave=False, dynamic_ncols=True,
               disable=None if hasattr(cost, "max_seconds") else True) as bar:
-        out = [list(s) for s in cost.network(models, inputs)]
+        out = _samples(cost, models, inputs)
         bar.update(len(out[0]))
         while not enough(out):
             if len(out[0]) >= max_samples or time.perf_counter() - start > cap:
                 return out, False
-            out = [a + list(b) for a, b in zip(out, cost.network(models, inputs))]
+            out = [a + b for a, b in zip(out, _samples(cost, models, inputs))]
             bar.update(len(out[0]) - bar.n)
     return out, True
+
+
+def _samples(cost, models: Sequence, inputs: tuple) -> list[list[float]]:
+    """One call of ``cost.network``, checked: a list of samples (finite milliseconds >= 0, at
+    least one) per model; SlimmingError naming ``latency_model`` for anything else."""
+    got = cost.network(models, inputs)
+    try:
+        out = [[float(v) for v in s] for s in got]
+    except (TypeError, ValueError, OverflowError):
+        out = None
+    fine = out is not None and len(out) == len(models)
+    if not fine or not all(s and all(0 <= v < math.inf for v in s) for s in out):
+        raise SlimmingError(f"latency_model {type(cost).__name__}'s network() gave {clip(repr(got), 80)} for "
+                            f"{len(models)} network(s): it gives a list of timings (milliseconds, at least "
+                            "one) per network", param="latency_model")
+    return out
 
 
 def machine_load() -> str:

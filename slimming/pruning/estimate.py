@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -282,7 +283,12 @@ def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None
     lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
     widths = allowed_widths(est, "auto", [1] * len(sizes))
     save_table(cost)
-    return [[w for w in ws if w >= lo] or [ws[-1]] for ws, lo in zip(widths, lows)]
+    steps = [[w for w in ws if w >= lo] or [ws[-1]] for ws, lo in zip(widths, lows)]
+    if all(ws == [n] for ws, n in zip(steps, sizes)):  # no narrower width is any faster here
+        warnings.warn("round_to='auto': no layer's measured latency falls with its width on this device "
+                      "(each step's top is its full width), so no channel is cut; give round_to a number "
+                      "(8) to cut by importance alone", stacklevel=4)
+    return steps
 
 
 def save_table(cost) -> None:

@@ -21,6 +21,7 @@ is in ``records``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,6 +50,17 @@ def default_example(model: nn.Module) -> torch.Tensor:
     return torch.zeros(1, *size, device=next(model.parameters()).device)
 
 
+def _outside_inference_mode(fn: Callable) -> Callable:
+    """``fn`` run with inference mode off: under ``torch.inference_mode()`` the tensors it makes
+    cannot go into a new network ("Inference tensors do not track version counter")."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.inference_mode(False):
+            return fn(*args, **kwargs)
+    return run
+
+
+@_outside_inference_mode
 def prune(model: nn.Module, percent: float | None = None, threshold: float | None = None,
           min_channels: int = 1, *, importance: Importance | str | None = None,
           example_inputs: torch.Tensor | None = None, ignore=(),

@@ -37,8 +37,11 @@ def parse_percents(text: str, name: str = "--percents") -> list[float]:
     SlimmingError (one line) naming the flag ``name``; a range's size is computed before any
     list is built."""
     flag = f"{name} {_shown(str(text))}"
+    of = {"--percents": "of channels to remove", "--target-latency": "of the unpruned model's latency"}.get(
+        name, "of the unpruned model's count")
+    noun = "percent" if name == "--percents" else "budget"
     usage = (f"{flag}: use start:stop:step (e.g. 0.1:0.9:0.1) or a comma list "
-             "(e.g. 0.5,0.7) of fractions of channels to remove")
+             f"(e.g. 0.5,0.7) of fractions {of}")
     text = str(text).strip()
     try:
         if ":" in text:
@@ -52,7 +55,8 @@ def parse_percents(text: str, name: str = "--percents") -> list[float]:
     except ValueError:
         raise SlimmingError(usage) from None
     if not all(math.isfinite(v) for v in numbers):
-        raise SlimmingError(f"{flag}: nan and inf are not percents; every percent must be in [0, 1)")
+        raise SlimmingError(f"{flag}: nan and inf are no {noun}s; every {noun} must be a fraction {of}, "
+                            f"in {'[0, 1)' if noun == 'percent' else '(0, 1)'}")
     if ":" in text:
         if not 0 <= start < 1:
             raise SlimmingError(f"{flag}: the start must be in [0, 1), got {start:g}")
@@ -72,7 +76,7 @@ def parse_percents(text: str, name: str = "--percents") -> list[float]:
     if any(not 0 <= v < 1 for v in values):
         bad = next(v for v in values if not 0 <= v < 1)
         what = ("percent must be in [0, 1) (the fraction of channels removed)" if name == "--percents"
-                else "budget must be a fraction in (0, 1) of the unpruned model's count")
+                else f"budget must be a fraction in (0, 1) {of}")
         raise SlimmingError(f"{flag}: every {what}, got {bad:g}")
     values = sorted(set(values))
     if len(values) > MAX_POINTS:
