@@ -1133,3 +1133,19 @@ def test_a_width_the_forward_compares_with_the_input_size_is_kept_in_one_warning
         for side in (4, 8, 12, 15, 16, 17, 24, 32):
             x = torch.randn(2, 3, side, side)
             assert rel_diff(result.model(x), reference(x)) < 1e-5, side
+
+
+@pytest.mark.slow
+def test_a_block_kept_whole_after_a_refused_cut_is_not_said_to_be_in_keep_whole():
+    """Hostile round 6: timm's coat_lite_tiny, each factor-attention block refused and kept,
+    ended in "... is in keep_whole" though no keep_whole was given; it says why it was kept."""
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("coat_lite_tiny", num_classes=10).eval()
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(slimming.SlimmingError) as e:
+            slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 224, 224))
+    message = str(e.value)
+    assert "factoratt_crpe is kept whole (a cut of it failed the check" in message
+    assert "keep_whole" not in message and "\n" not in message

@@ -220,8 +220,10 @@ def produce(w: Walk, name: str, kind: str, x: Map, width: int, ignored: bool, ou
     """A layer reading ``x`` and making ``width`` channels of a space of its own (kept whole
     when ``ignored``; the channels it reads too, inside a module in ``keep_whole``)."""
     why = f"{name} is in ignore" if ignored else ""
-    if any(n in w.keep_whole for n in w.stack) or name in w.keep_whole:
-        w.g.pin(x, f"{name} is in keep_whole")
+    whole = next((n for n in (*w.stack, name) if n in w.keep_whole), None)
+    if whole is not None:
+        w.g.pin(x, f"{name} is in keep_whole" if whole == name or w.keep_whole[whole] == "is in keep_whole"
+                else f"{name}: {whole} {w.keep_whole[whole]}")
     space = w.again(name, x)
     if space is None:
         space = w.g.new_space(width, why)

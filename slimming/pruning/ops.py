@@ -193,7 +193,7 @@ class Walk(Protocol):
     modules: dict[str, nn.Module]
     stack: list[str]  # the modules running, outermost first ("" for the model)
     ignore: set[str]
-    keep_whole: set[str]
+    keep_whole: dict[str, str]  # module kept whole -> why, as messages say it
     follow_sizes: bool
     seen: set[str]  # the layers that ran
     whole_at_leave: dict[str, tuple]  # module -> (why, of which width) the channels it reads are kept

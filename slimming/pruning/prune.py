@@ -199,7 +199,7 @@ class _Steps:
         while True:
             if self.traced:
                 plan = plans.traced_plan(self.model, self.importance, self.example, self.ignore,
-                                         (*self.whole, *kept), follow_sizes, self.output_transform)
+                                         self.whole, follow_sizes, self.output_transform, kept)
             else:
                 plan = plans.family_plan(self.model, self.importance)
             result = _cut(self.model, plan, self.example, self.limits, self.amount, self.latency_model)

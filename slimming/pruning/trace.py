@@ -74,7 +74,7 @@ def as_inputs(example_inputs) -> tuple:
 
 
 def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
-          follow_sizes: bool = True, output_transform=None) -> Traced:
+          follow_sizes: bool = True, output_transform=None, refused=()) -> Traced:
     """Run ``model`` (left unchanged, every module's train/eval flag restored) on
     ``example_inputs`` (a tensor (N, C, ...), or a tuple of the forward's inputs) in eval mode
     and build its channel graph. ``ignore``: modules whose own channels are kept (what they
@@ -86,20 +86,26 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     widths the cut must set (``surgery.update_widths``), which only the check can vouch for, so
     False keeps those channels. ``output_transform``: what of the model's output keeps its
     channels (default: all of it; a detector's ``lambda out: out[0]`` leaves the features its
-    head passes out free to be cut). Returns what it found (``Traced``: the channel graph, and
-    the widths, baked weights and coverage beside it). GraphError (one line) for a model that
-    does not run on the example."""
+    head passes out free to be cut). ``refused``: blocks kept whole as ``keep_whole`` keeps
+    them because a cut of them failed (``prune``'s retries), and named so. Returns what it
+    found (``Traced``: the channel graph, and the widths, baked weights and coverage beside
+    it). GraphError (one line) for a model that does not run on the example."""
     inputs = as_inputs(example_inputs)
     images = [t for t in inputs if isinstance(t, torch.Tensor)]
     if not images or any(t.dim() < 2 for t in images):
         shapes = [tuple(t.shape) for t in images]
         raise GraphError(f"the model's inputs are {shapes or 'no tensors'}: slimming needs tensors "
                          "with a channel dimension (N, C, ...)")
-    keep, whole = ignored_names(model, ignore), ignored_names(model, keep_whole)
-    walk = Walk(model, keep | whole, whole, follow_sizes=follow_sizes, output_transform=output_transform)
+    keep = ignored_names(model, ignore)
+    # module -> why it is kept whole, as the messages say it
+    refusal = "is kept whole (a cut of it failed the check, as warned)"
+    whole = {**dict.fromkeys(ignored_names(model, refused), refusal),
+             **dict.fromkeys(ignored_names(model, keep_whole), "is in keep_whole")}
+    walk = Walk(model, keep | whole.keys(), whole, follow_sizes=follow_sizes,
+                output_transform=output_transform)
     with modes_kept(model), decomposed(model):
         walk.run(inputs, training=False)
-        go_on = (keep | whole, whole, follow_sizes, output_transform)
+        go_on = (keep | whole.keys(), whole, follow_sizes, output_transform)
         if walk.traced.coverage.value_reads:  # its path depends on values: images in [0, 1] may take another
             walk = _continued(walk, *go_on, images_like(inputs), False)
         if walk.unseen():  # layers that run only in training (auxiliary heads), at a batch of 2
@@ -118,7 +124,7 @@ def images_like(inputs: tuple) -> tuple:
                  if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs)
 
 
-def _continued(walk: Walk, ignore: set[str], whole: set[str], follow_sizes: bool, output_transform,
+def _continued(walk: Walk, ignore: set[str], whole: dict[str, str], follow_sizes: bool, output_transform,
                inputs: tuple, training: bool) -> Walk:
     """A walk going on with ``walk``'s graph on another forward; ``walk`` itself where that
     forward does not run (a detector needs targets in training mode)."""
@@ -197,7 +203,7 @@ class Walk:
         self.entry[name] = next(iter(tensors(args)), None)
         if name in self.keep_whole:
             for t in tensors(args):
-                self.pin_tensor(t, f"{name} is in keep_whole")
+                self.pin_tensor(t, f"{name} {self.keep_whole[name]}")
 
     def leave(self, name: str, m: nn.Module, args: tuple, out) -> None:
         kind = module_kind(m)
