@@ -461,3 +461,57 @@ def test_a_branch_on_the_input_values_is_traced_and_checked_on_images_too(seed):
             assert_exact(model, result, x)
         assert result.masks["a.1"].all() == (how == "flip")  # what the flip reorders: kept
         assert not result.masks["b.1"].all()
+
+
+class RawBranch(nn.Module):
+    """A forward that takes another path on raw 0-255 images only (``x.amax() > 10``): one
+    neither the check's noise nor its images in [0, 1] reach."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.conv2, self.bn2 = nn.Conv2d(16, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        if x.amax() > 10:  # the first four channels, by position: which ones the cut moves
+            y = torch.cat([y[:, :4] * 2, y[:, 4:]], 1)
+        return self.fc(torch.relu(self.bn2(self.conv2(y))).mean((2, 3)))
+
+
+def test_check_inputs_make_the_check_compare_on_the_users_own_value_range():
+    """Hostile round 6, low: a branch on a value range noise and [0, 1] images never reach is
+    silently off on it; check_inputs (real batches) makes the check compare there too: the cut
+    is then exact on them or refused in one line, the model untouched."""
+    torch.manual_seed(0)
+    model = RawBranch().eval()
+    sparsity_shaped(model, 3)
+    with torch.no_grad():
+        model.bn.weight[1] = 1e-4  # a channel among the first four goes
+    raw = torch.randint(0, 256, (4, 3, 16, 16)).float()
+    example = torch.zeros(1, 3, 16, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        blind = slimming.prune(model, percent=0.3, example_inputs=example, compensate=False)
+    with torch.no_grad():  # the hole: exact on what the check saw, off on raw images
+        assert rel_diff(blind.model(raw), zeroed(model, blind.masks)(raw)) > 1e-3
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            seen = slimming.prune(model, percent=0.3, example_inputs=example, compensate=False,
+                                  check_inputs=[raw[:2], raw[2:]])
+        except slimming.SlimmingError as e:
+            assert "\n" not in str(e)
+            seen = None
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    if seen is not None:
+        with torch.no_grad():
+            assert rel_diff(seen.model(raw), zeroed(model, seen.masks)(raw)) < 1e-5
+    for bad in ("images", [5], []):
+        with pytest.raises(slimming.SlimmingError) as e:
+            slimming.prune(model, percent=0.3, example_inputs=example, check_inputs=bad)
+        assert e.value.params == ("check_inputs",)
+    with pytest.raises(slimming.SlimmingError, match="give verify=True"):
+        slimming.prune(model, percent=0.3, example_inputs=example, check_inputs=raw, verify=False)

@@ -92,7 +92,7 @@ def as_family(model: nn.Module, result: PruneResult) -> None:
 
 
 def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_whole=(),
-                 follow_sizes: bool = False, output_transform=None, refused=()) -> Plan:
+                 follow_sizes: bool = False, output_transform=None, refused=(), more_inputs=()) -> Plan:
     """Any network: trace its channel graph once, score the free channels of each prunable
     group; ``build`` puts the pinned channels back, evens out the equal-count blocks (grouped
     convolutions, chunks) and cuts a copy along the graph."""
@@ -100,7 +100,7 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
     if not factors:
         raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
                             "(network slimming scores channels by their scaling factors)")
-    traced = trace(model, example, ignore, keep_whole, follow_sizes, output_transform, refused)
+    traced = trace(model, example, ignore, keep_whole, follow_sizes, output_transform, refused, more_inputs)
     graph, computed = traced.graph, traced.baked.computed
     stuck = [n for n in traced.baked.unbaked
              if isinstance(model.get_submodule(n)._modules.get(GATE), ChannelGate)]

@@ -68,7 +68,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           target_params: float | None = None, round_to: int | str | None = None, max_layer_prune: float = 1.0,
           compensate: bool = True, keep_whole=(), verify: bool = True,
           target_latency: float | str | None = None, latency_model=None,
-          cut_heads: bool = True, output_transform: Callable | None = None) -> PruneResult:
+          cut_heads: bool = True, output_transform: Callable | None = None,
+          check_inputs=None) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
     How many channels go, one of:
@@ -115,7 +116,11 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     ``output_transform`` (Torch-Pruning's name): a function of the model's output giving the
     outputs whose values and widths must stay (default: all of them); a detector head that
     also passes its inputs out (``(y, {"feats": [...]})``) takes ``lambda out: out[0]``, so that
-    those features are cut where their producers are and the check compares ``y``. The original
+    those features are cut where their producers are and the check compares ``y``.
+    ``check_inputs``: real inputs the check also compares on (a batch, or a list of batches;
+    each a tuple for a forward of several inputs), for a forward whose path depends on value
+    ranges neither the check's noise nor its images in [0, 1] reach (raw 0-255 images, dark
+    ones after normalisation). The original
     model is left untouched (every module's train/eval flag too); the new one is on the same
     device, each module in the mode it had.
     """
@@ -127,6 +132,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     if round_to is None:  # the paper's exact widths, or under a latency budget widths that run fast
         round_to = ROUND_FOR_SPEED if amount.kind == "target_latency" else 1
     _check_arguments(round_to, output_transform, cut_heads, latency_model, amount)
+    checks = _check_batches(check_inputs, verify)
     example = default_example(model) if example_inputs is None else example_inputs
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
@@ -138,7 +144,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
     limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
     steps = _Steps(model, importance, example, traced, ignore, whole, verify, limits, amount, latency_model,
-                   output_transform)
+                   output_transform, checks)
     with modes_kept(model):
         result = steps.checked_cut(follow_sizes=traced and cut_heads)
         steps.settle(result, compensate)
@@ -148,6 +154,23 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
 
 
 ROUND_FOR_SPEED = 8  # round_to's default under a latency budget (benchmarks/RESULTS.md, "Latency", widths)
+
+
+def _check_batches(check_inputs, verify: bool) -> tuple:
+    """``check_inputs`` as a tuple of batches (each the forward's inputs, a tuple); None: none.
+    SlimmingError for what holds no tensor, or with ``verify=False`` (nothing would check)."""
+    if check_inputs is None:
+        return ()
+    if isinstance(check_inputs, torch.Tensor):
+        check_inputs = [check_inputs]
+    batches = [as_inputs(b) for b in check_inputs] if isinstance(check_inputs, (list, tuple)) else None
+    if not batches or not all(any(isinstance(t, torch.Tensor) for t in b) for b in batches):
+        raise SlimmingError(f"check_inputs takes a batch of real inputs (a tensor) or a list of them, not "
+                            f"{clip(repr(check_inputs), 80)}", param="check_inputs")
+    if not verify:
+        raise SlimmingError("check_inputs are what the check compares on: give verify=True with them",
+                            param=("check_inputs", "verify"))
+    return tuple(batches)
 
 
 def _check_arguments(round_to, output_transform, cut_heads, latency_model, amount: Amount) -> None:
@@ -192,6 +215,7 @@ class _Steps:
     amount: Amount
     latency_model: object = None
     output_transform: Callable | None = None
+    check_inputs: tuple = ()
 
     def checked_cut(self, follow_sizes: bool) -> PruneResult:
         """Plan, cut, check until the check passes; what was retried is in ``result.retries``."""
@@ -199,11 +223,13 @@ class _Steps:
         while True:
             if self.traced:
                 plan = plans.traced_plan(self.model, self.importance, self.example, self.ignore,
-                                         self.whole, follow_sizes, self.output_transform, kept)
+                                         self.whole, follow_sizes, self.output_transform, kept,
+                                         self.check_inputs)
             else:
                 plan = plans.family_plan(self.model, self.importance)
             result = _cut(self.model, plan, self.example, self.limits, self.amount, self.latency_model)
-            failure = _vouch(self.model, result, self.example, self.verify, self.output_transform)
+            failure = _vouch(self.model, result, self.example, self.verify, self.output_transform,
+                             self.check_inputs)
             if failure is None:
                 result.retries = retries
                 return result
@@ -268,12 +294,12 @@ def _cut(model: nn.Module, plan, example, limits: dict, amount: Amount, latency_
 
 
 def _vouch(model: nn.Module, result: PruneResult, example, verify: bool,
-           output_transform=None) -> GraphError | None:
+           output_transform=None, check_inputs: tuple = ()) -> GraphError | None:
     """The check (``verify``: ``result.verified`` set) or, unchecked, one run of the pruned
     network with only its sure widths set; the GraphError where it refuses, else None."""
     try:
         if verify:
-            result.verified = widths.checked(model, result, example, output_transform)
+            result.verified = widths.checked(model, result, example, output_transform, check_inputs)
         else:
             if any(not change.sure for change in result.widths):
                 widths.settle(result, lambda: None, keep=lambda change: change.sure)

@@ -74,7 +74,7 @@ def as_inputs(example_inputs) -> tuple:
 
 
 def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
-          follow_sizes: bool = True, output_transform=None, refused=()) -> Traced:
+          follow_sizes: bool = True, output_transform=None, refused=(), more_inputs=()) -> Traced:
     """Run ``model`` (left unchanged, every module's train/eval flag restored) on
     ``example_inputs`` (a tensor (N, C, ...), or a tuple of the forward's inputs) in eval mode
     and build its channel graph. ``ignore``: modules whose own channels are kept (what they
@@ -87,7 +87,9 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     False keeps those channels. ``output_transform``: what of the model's output keeps its
     channels (default: all of it; a detector's ``lambda out: out[0]`` leaves the features its
     head passes out free to be cut). ``refused``: blocks kept whole as ``keep_whole`` keeps
-    them because a cut of them failed (``prune``'s retries), and named so. Returns what it
+    them because a cut of them failed (``prune``'s retries), and named so. ``more_inputs``:
+    batches whose paths are followed too where the forward reads values (``prune``'s
+    ``check_inputs``: the user's own value range). Returns what it
     found (``Traced``: the channel graph, and the widths, baked weights and coverage beside
     it). GraphError (one line) for a model that does not run on the example."""
     inputs = as_inputs(example_inputs)
@@ -108,6 +110,8 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
         go_on = (keep | whole.keys(), whole, follow_sizes, output_transform)
         if walk.traced.coverage.value_reads:  # its path depends on values: images in [0, 1] may take another
             walk = _continued(walk, *go_on, images_like(inputs), False)
+            for batch in more_inputs:
+                walk = _continued(walk, *go_on, tuple(batch), False)
         if walk.unseen():  # layers that run only in training (auxiliary heads), at a batch of 2
             twice = tuple(torch.cat([t, t]) if isinstance(t, torch.Tensor) else t for t in inputs)
             walk = _continued(walk, *go_on, twice, True)

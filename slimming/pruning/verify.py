@@ -78,13 +78,15 @@ def difference(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
 
 @torch.no_grad()
 def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, output_transform=None,
-          images: bool = False) -> float:
+          images: bool = False, given: bool = False) -> float:
     """The largest relative difference between ``result.model`` and ``original`` with
     ``result.masks``' cut channels zeroed, on a random input of the example's shape (normal
     noise; ``images``: images in [0, 1], ``trace.images_like``); GraphError (the model left as
     it was) where it exceeds ``tolerance`` or the pruned network fails. ``output_transform``:
-    what of the model's output is compared (``prune``'s)."""
-    inputs = images_like(as_inputs(example)) if images else probe_like(example)
+    what of the model's output is compared (``prune``'s). ``given``: ``example`` is real inputs
+    (``prune``'s ``check_inputs``), compared on as they are."""
+    inputs = as_inputs(example) if given else \
+        images_like(as_inputs(example)) if images else probe_like(example)
     pick = picker(output_transform)
     pruned = result.model
     kept = {**result.masks, **{n: m["out"] for n, m in result.layers.items() if "out" in m}}

@@ -24,7 +24,8 @@ from .surgery import WidthChange
 from .verify import check, named, second_size
 
 
-def checked(model: nn.Module, result: PruneResult, example, output_transform=None) -> float:
+def checked(model: nn.Module, result: PruneResult, example, output_transform=None,
+            check_inputs: tuple = ()) -> float:
     """``verify.check``, and where the cut set integer widths the forward reads as sizes (the
     sure ones: a reshape's, a split's, a number of heads) or baked a weight a forward computed
     (``PruneResult.baked``) at a second input size too (``verify.second_size``: such a width may
@@ -33,12 +34,15 @@ def checked(model: nn.Module, result: PruneResult, example, output_transform=Non
     matched), those of the module the check blames (and of modules inside it) are put back while
     that makes it pass (``_blamed``), else each module's tried in turn (``settle``): at the
     example's size (a check of two sizes for each made a TinyViT's prune 7x the peer's); then the
-    whole at both sizes, else with none of them."""
+    whole at both sizes, else with none of them. ``check_inputs``: the user's own batches,
+    compared on as they are too (``verify.check``'s ``given``)."""
     # a baked weight may also be computed from the input's size (a Python number): another size shows it
     smaller = second_size(model, example) if any(c.sure for c in result.widths) or result.baked else None
 
     def quick() -> float:
         diff = check(model, result, example, output_transform=output_transform)
+        for batch in check_inputs:  # what the user's data takes, which noise may not
+            diff = max(diff, check(model, result, batch, output_transform=output_transform, given=True))
         return max(diff, _on_images(model, result, example, output_transform)) if result.value_reads else diff
 
     def test() -> float:
