@@ -143,7 +143,7 @@ def prune_warnings(model: nn.Module, result, min_channels: int, ask: str = "--pe
         notes.append(f"{len(result.guarded)} layer(s) fell to the --min-channels guard and keep "
                      f"only their {min_channels} largest-|gamma| channel(s): {names}; that can "
                      f"cost much accuracy: try {smaller}")
-    return notes  # the library itself warns of a model without sparsity (prune.little_sparsity)
+    return notes  # the library itself warns of a model without sparsity (notes.little_sparsity)
 
 
 def unaligned(model: nn.Module, pruned: nn.Module, multiple: int = 8) -> tuple[int, int]:

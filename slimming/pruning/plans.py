@@ -50,6 +50,9 @@ class Plan:
     # a traced plan's per-module keep-masks for group masks, without building (``surgery.plan``):
     # what a latency budget's probe reads widths off
     cuts: Callable[[list[torch.Tensor]], dict] | None = None
+    # gate positions (a head's, a channel's: ``add_gates``) the graph keeps whatever they score,
+    # each (gate layer, position, why): a gate trained to zero there is kept, and ``prune`` says so
+    held: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 def family_plan(model: nn.Module, importance: Importance) -> Plan:
@@ -150,7 +153,21 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
                            baked={n: computed[n] for n in baked_layers(new) if n in computed})
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(traced.widths.sized)),
-                lambda masks: surgery.plan(graph, roots_of(masks)))
+                lambda masks: surgery.plan(graph, roots_of(masks)), held_gates(model, everything))
+
+
+def held_gates(model: nn.Module, groups: list[Group]) -> list[tuple[str, int, str]]:
+    """Every gate position (``ChannelGate``, ``HeadGate``) of ``groups`` the graph keeps, as
+    (gate layer, position, the group's first reason)."""
+    held = []
+    for g in groups:
+        kept = torch.ones(g.size, dtype=torch.bool) if not g.prunable else ~g.free()
+        for f in g.bns:
+            gate = isinstance(model.get_submodule(f.layer), ChannelGate)
+            if gate and kept[f.start:f.start + f.count].any():
+                why = g.reason or (g.reasons[0] if g.reasons else "kept")
+                held += [(f.layer, f.pos + i, why) for i in range(f.count) if kept[f.start + i]]
+    return held
 
 
 def nothing_to_cut(model: nn.Module, groups: list[Group]) -> str:

@@ -37,8 +37,9 @@ from . import budget, estimate, plans, repair, speed, widths
 from .amount import Amount
 from .graph import GraphError, ignored_names
 from .importance import DEFAULT, Importance, get_importance
+from .notes import gates_held, little_sparsity, nearly_emptied
 from .records import PruneResult
-from .select import SPARSE_BOUND, select
+from .select import select
 from .trace import as_inputs
 from .verify import runs
 
@@ -232,6 +233,8 @@ class _Steps:
                              self.check_inputs)
             if failure is None:
                 result.retries = retries
+                if note := gates_held(self.model, plan, result):
+                    warnings.warn(note, stacklevel=3)
                 return result
             retry = _retry(self.model, failure, plan, follow_sizes, kept, self.traced, self.verify)
             warnings.warn(str(retry), stacklevel=3)
@@ -355,38 +358,3 @@ def _criterion(importance) -> Importance:
                             "nothing; subclass it and define __call__, or pass a name such as 'bn-max'",
                             param="importance")
     return importance
-
-
-def little_sparsity(model: nn.Module, result: PruneResult) -> str | None:
-    """What to say when the cut takes far more channels than sparsity training left near zero
-    (fewer than half as many |gamma| under ``SPARSE_BOUND`` as channels cut): the cut then takes
-    channels that still matter."""
-    names = [n for n, m in zip(result.layer_names, result.cfg_mask) if len(m)]
-    gammas = [w.detach().abs().float().flatten().cpu() for n in names
-              if (w := getattr(model.get_submodule(n), "weight", None)) is not None]
-    if not gammas:
-        return None
-    gammas = torch.cat(gammas)
-    near_zero = (gammas < SPARSE_BOUND).float().mean().item()
-    total = sum(b for _, b, _ in result.layer_table())
-    cut = sum(b - a for _, b, a in result.layer_table()) / max(total, 1)
-    if near_zero >= cut / 2:
-        return None
-    return (f"only {100 * near_zero:.1f}% of the |gamma| (scaling factors) are under {SPARSE_BOUND:g} but "
-            f"{100 * cut:.1f}% of the channels are cut: the model shows little sparsity, so this cuts "
-            "channels that still matter; sparsity training comes first (slimming.Sparsity, or slimming "
-            "train --sparsity S, or --sparsity-target F to have S chosen)")
-
-
-def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> str | None:
-    """What to say when the cut leaves a wide layer (``wide`` channels or more) under ``share``
-    of its channels: the network may be near chance right after the cut."""
-    thin = [(n, b, a) for n, b, a in result.layer_table() if b >= wide and a < share * b]
-    if not thin:
-        return None
-    n, b, a = min(thin, key=lambda t: t[2] / t[1])
-    return (f"{len(thin)} layer(s) keep under {share:.0%} of their channels ({n} keeps {a} of "
-            f"{b}): the network may be near chance until it is fine-tuned; max_layer_prune "
-            "(--max-layer-prune) caps what one layer loses")
-
-
