@@ -15,6 +15,7 @@ from torch import nn
 
 import slimming
 from slimming.layers.rules import is_factor_layer
+from slimming.pruning.trace import trace
 
 
 class GroupNormHead(nn.Module):
@@ -442,6 +443,22 @@ def test_a_block_whose_cut_fails_the_check_is_kept_whole_and_the_rest_still_cut(
     assert str(retry).startswith("every WidthFromInput is kept whole: cut, the network did not match")
     with torch.no_grad():
         assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+
+
+@pytest.mark.parametrize("how", ["ignore", "keep_whole", "refused"])
+def test_a_block_kept_is_said_to_be_kept_as_it_was_asked(how):
+    """Hostile round 6, low: channels kept because a cut of their block failed the check (a
+    diffusers UNet's ResNet blocks, timm's coat) were said to be "in ignore" with ``ignore=()``;
+    each reason now names what kept them: the user's ignore, keep_whole, or the refused cut."""
+    model = ReadsItsWidth().eval()
+    kept = {how: "attn" if how == "ignore" else (WidthFromInput,)}
+    traced = trace(model, torch.zeros(1, 3, 32, 32), **kept)
+    said = {why for _, why in traced.graph.pins if why.startswith("attn")}
+    assert said
+    phrases = {"ignore": "is in ignore", "keep_whole": "is in keep_whole",
+               "refused": "is kept whole (a cut of it failed the check, as warned)"}
+    assert any(phrases[how] in why for why in said), said
+    assert not [why for why in said for k, other in phrases.items() if k != how and other in why], said
 
 
 def test_a_block_reshaping_by_a_width_it_does_not_hold_is_kept_from_the_start():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import pytest
@@ -1149,3 +1150,76 @@ def test_a_block_kept_whole_after_a_refused_cut_is_not_said_to_be_in_keep_whole(
     message = str(e.value)
     assert "factoratt_crpe is kept whole (a cut of it failed the check" in message
     assert "keep_whole" not in message and "\n" not in message
+
+
+class FrozenConfig(OrderedDict):
+    """A config as diffusers writes it (``FrozenDict``, its checks as they are): its keys
+    mirrored as attributes; ``.copy()`` of it has the keys but not the attributes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for key, value in self.items():
+            setattr(self, key, value)
+        self.__frozen = True
+
+    def __setitem__(self, name, value):
+        if hasattr(self, "__frozen") and self.__frozen:
+            raise RuntimeError("frozen")
+        super().__setitem__(name, value)
+
+
+class Configured(nn.Module):
+    """A network whose forward reads its config by attribute, as diffusers' models do."""
+
+    def __init__(self):
+        super().__init__()
+        self._internal_dict = FrozenConfig(center_input_sample=True, scale=2.0)
+        self.conv, self.bn = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.head = nn.Conv2d(16, 3, 1)
+
+    def forward(self, x):
+        if self._internal_dict.center_input_sample:
+            x = 2 * x - 1
+        return self.head(torch.relu(self.bn(self.conv(x)))) * self._internal_dict.scale
+
+
+def test_a_config_that_mirrors_its_keys_as_attributes_survives_the_cut():
+    """diffusers' UNet2DModel: the pruned copy's config (a FrozenDict copied with ``.copy()``)
+    lost the attributes its forward reads, so every cut failed in the pruned network ("'FrozenDict'
+    object has no attribute 'center_input_sample'") and the whole model was kept; the copy now
+    keeps them, and the cut is exact."""
+    torch.manual_seed(0)
+    model = Configured().eval()
+    sparsity_shaped(model, 0)
+    result = slimming.prune(model, percent=0.4, example_inputs=torch.zeros(1, 3, 16, 16), compensate=False)
+    assert result.model.bn.num_features < 16 and not result.retries
+    assert result.model._internal_dict.center_input_sample is True
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+
+
+def test_a_diffusers_unet_is_cut_not_kept_whole():
+    """The same on diffusers' own UNet2DModel (where installed), its timestep fixed in a
+    wrapper: the cut runs and passes the check, no block kept whole for a failed run."""
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    unet = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                 block_out_channels=(32, 64), norm_num_groups=8,
+                                 down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                 up_block_types=("AttnUpBlock2D", "UpBlock2D")).eval()
+
+    class AtStep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unet = unet
+
+        def forward(self, x):
+            return self.unet(x, torch.tensor([10])).sample
+
+    model = AtStep().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 16, 16))
+    assert not result.retries and result.verified is not None
+    assert sum(p.numel() for p in result.model.parameters()) < sum(p.numel() for p in model.parameters())

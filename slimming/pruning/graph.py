@@ -29,6 +29,8 @@ Some sets of positions must keep equal counts (``equal``): the blocks of a group
 
 from __future__ import annotations
 
+import copy
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import NamedTuple
@@ -529,12 +531,26 @@ def structure_copy(module: nn.Module, memo: dict | None = None) -> nn.Module:
     if id(module) in memo:
         return memo[id(module)]
     new = module.__class__.__new__(module.__class__)
-    new.__dict__ = {k: v.copy() if isinstance(v, (dict, list, set)) else v
-                    for k, v in module.__dict__.items()}
+    new.__dict__ = {k: _container_copy(v) for k, v in module.__dict__.items()}
     memo[id(module)] = new
     for key, child in module._modules.items():
         new._modules[key] = None if child is None else structure_copy(child, memo)
     return new
+
+
+def _container_copy(v):
+    """A dict, list or set of a module's ``__dict__`` copied (its items shared); a subclass by
+    ``copy.copy``, which keeps its own attributes too (diffusers' ``FrozenDict`` config mirrors
+    its keys as attributes, which ``.copy()`` drops), or shared where it refuses to be copied;
+    anything else as it is."""
+    if type(v) in (dict, list, set, OrderedDict):
+        return v.copy()
+    if isinstance(v, (dict, list, set)):
+        try:
+            return copy.copy(v)
+        except Exception:  # frozen against its own copy: the forward reads it, the cut never writes it
+            return v
+    return v
 
 
 def kept_summary(graph: ChannelGraph, limit: int = 6) -> str:

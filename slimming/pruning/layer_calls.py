@@ -74,7 +74,7 @@ def layer(w: Walk, s: Step) -> None:
     if groups > 1:
         w.g.whole_blocks(x, groups)
     if ignored and rule.scores:
-        w.g.pin(x, f"{name} is in ignore")
+        w.g.pin(x, w.why_kept(name))
     if name is not None:
         w.again(name, x)
         w.g.uses.append(Use(name, kind, x, attrs))
@@ -219,7 +219,7 @@ def produce(w: Walk, name: str, kind: str, x: Map, width: int, ignored: bool, ou
             groups: int = 1, dim: int = 1) -> int:
     """A layer reading ``x`` and making ``width`` channels of a space of its own (kept whole
     when ``ignored``; the channels it reads too, inside a module in ``keep_whole``)."""
-    why = f"{name} is in ignore" if ignored else ""
+    why = w.why_kept(name) if ignored else ""
     whole = next((n for n in (*w.stack, name) if n in w.keep_whole), None)
     if whole is not None:
         w.g.pin(x, f"{name} is in keep_whole" if whole == name or w.keep_whole[whole] == "is in keep_whole"
@@ -267,7 +267,7 @@ def whole_layer(w: Walk, name: str, m: nn.Module, kind: str, args, out) -> None:
         return w.opaque(type(m).__name__, "a normalisation over other than its channels, or "
                         "without a scale of its own", [x], out)
     if ignored:
-        w.g.pin(x, f"{name} is in ignore")
+        w.g.pin(x, w.why_kept(name))
     w.again(name, x)
     w.g.uses.append(Use(name, kind, x, attrs))
     w.set(out, x.with_gate(rule.gated and "weight" in attrs))
@@ -284,6 +284,6 @@ def head_gate(w: Walk, name: str, m: nn.Module, x: Map | None, out) -> None:
     else:
         space = found[0]
         if name in w.ignore or w.in_ignored():
-            w.g.pin(Map([Seg(space, 0, count, False)]), f"{name} is in ignore")
+            w.g.pin(Map([Seg(space, 0, count, False)]), w.why_kept(name))
     w.g.uses.append(Use(name, "head_gate", Map([Seg(space, 0, count, True)]), {"weight": "weight"}))
     w.set(out, x)

@@ -227,6 +227,9 @@ class Walk(Protocol):
 
     def in_ignored(self) -> bool: ...
 
+    def why_kept(self, name: str) -> str:
+        """Why ``name``'s channels are kept where it is in ignore or a block kept whole."""
+
     def sized(self, sizes: list[int]) -> bool:
         """Whether sizes a module holds in attributes may be followed."""
 

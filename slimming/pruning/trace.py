@@ -229,7 +229,7 @@ class Walk:
             passed = {id(t) for t in tensors(args)}
             for t in tensors(out):
                 if id(t) not in passed:
-                    self.pin_tensor(t, f"{name} is in ignore")
+                    self.pin_tensor(t, self.why_kept(name))
         for side, values in (("in", args), ("out", out)):
             for t in tensors(values):
                 m_ = self.get(t)
@@ -383,6 +383,20 @@ class Walk:
 
     def in_ignored(self) -> bool:
         return any(name in self.ignore for name in self.stack)
+
+    def why_kept(self, name: str) -> str:
+        """Why ``name``'s channels are kept, where it or a module running around it is in
+        ``ignore``: the user's ``ignore``, or the block kept whole around it (``keep_whole``, or a
+        cut refused by the check), as the message says it."""
+        for n in (name, *reversed(self.stack)):
+            if n in self.keep_whole:
+                reason = self.keep_whole[n]
+                if reason == "is in keep_whole" or n == name:
+                    return f"{name} {reason}"
+                return f"{name}: {n} {reason}"
+            if n in self.ignore:
+                break
+        return f"{name} is in ignore"
 
     def opaque(self, op: str, what: str, inputs: list[Map], out, dim: int | None = None) -> None:
         """An op the graph cannot follow channel by channel: every channel it reads is kept
