@@ -372,6 +372,14 @@ def test_the_cache_command_counts_and_empties_only_its_own_tables(tmp_path, monk
     (t.path.parent / "notes.json").write_text("{}")
     assert latency.cache_info()[1] == 1
     assert main(["cache", "--clear"]) == 0 and not t.path.exists() and (t.path.parent / "notes.json").exists()
+    dangling = t.path.parent / "fedcba9876543210.json"  # a link to nothing: neither command fails on it
+    dangling.symlink_to(tmp_path / "nowhere.json")
+    t.remember("k2", {"ms": 2.0})
+    t.save()
+    capsys.readouterr()
+    assert main(["cache"]) == 0 and "1 latency table(s)" in capsys.readouterr().out
+    assert main(["cache", "--clear"]) == 0 and "removed 1 latency table(s)" in capsys.readouterr().out
+    assert not t.path.exists() and dangling.is_symlink()
 
 
 def test_a_grouped_layer_narrower_and_slower_is_believed(tmp_path, monkeypatch):
