@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .flow import INTS
+from .flow import INTS, TrackedInt
 from .graph import Map, Seg, pin_heads
 from .ops import HEAD_ATTRS, PERMUTE_OPS, Step, Walk, permutation
 
@@ -62,6 +62,8 @@ def reshape(w: Walk, s: Step) -> None:
                 and math.prod(after[k + 1:]) == inner:
             if not _width_follows(w, s, k):  # reshape(B, N, C), C read off the input's shape
                 _kept_whole(w, x, f"a {op} to a width the module does not hold ({after[k]})", after[k])
+            elif _held(w, s, k):  # reshape(..., self.all_head_size): that attribute must follow the cut
+                w.traced.widths.split_sizes.append((w.running(), after[k]))
             heads = w.g.heads.get(x.segs[0].space) if len(x.segs) == 1 else None
             if heads is not None and len(heads[1]) == outer == before[d - 1]:  # heads merged, in order
                 s = x.segs[0]
@@ -74,6 +76,21 @@ def reshape(w: Walk, s: Step) -> None:
              len(after) - 1 if d == len(before) - 1 else d)
 
 
+def _size_args(s: Step) -> tuple:
+    """The sizes a view or reshape was given (``view(a, b)``, ``reshape((a, b))``, ``shape=``)."""
+    sizes = s.kwargs.get("shape", s.args[1:])
+    return tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
+
+
+def _held(w: Walk, s: Step, k: int) -> bool:
+    """Whether the size given to dimension ``k`` is an integer attribute of the module running
+    itself, read as it is (a ``TrackedInt`` of that module: Hugging Face's ``all_head_size``),
+    not a number that only equals one."""
+    sizes = _size_args(s) if s.op in ("view", "reshape") else ()
+    size = sizes[k] if len(sizes) == s.out.dim() else None
+    return isinstance(size, TrackedInt) and size.where[0] == w.running()
+
+
 def _width_follows(w: Walk, s: Step, k: int) -> bool:
     """Whether the size a view or reshape gives its dimension ``k`` (the channels merged with
     the blocks before them) follows a cut: -1 (computed), or an integer attribute of the module
@@ -81,9 +98,7 @@ def _width_follows(w: Walk, s: Step, k: int) -> bool:
     tensor's shape (EVA's ``reshape(B, N, C)`` after its heads, ``C`` its input's)."""
     if s.op not in ("view", "reshape") or not w.stack:
         return True
-    sizes = s.kwargs.get("shape", s.args[1:])
-    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
-        sizes = sizes[0]
+    sizes = _size_args(s)
     if len(sizes) != s.out.dim() or not isinstance(sizes[k], int) or sizes[k] == -1:
         return True
     return sizes[k] in {int(v) for v in vars(w.modules[w.stack[-1]]).values() if type(v) in INTS}
