@@ -119,6 +119,27 @@ class Params:
         self._rows(op, c, writes, len(given))
         self._alone(op, c, given, writes)
 
+    def channel_tensor(self, t: torch.Tensor, c: int, dim: int | None = None) -> tuple[str, str, int] | None:
+        """(module, attribute, dim) when ``t`` is a module's parameter or buffer of ``c``
+        values (or a view of one: ``gamma.view(1, -1, 1, 1)``), one per channel along ``dim``;
+        or, where ``t``'s channels lie along ``dim``, a parameter with other dims too (a
+        position embedding (1, L, C)) or a broadcast of one (a class token expanded to
+        (N, 1, C))."""
+        owner = self.owner
+        base = t if id(t) in owner else t._base
+        if base is None or id(base) not in owner:
+            return None
+        if base.numel() == c:
+            dims = [i for i, n in enumerate(base.shape) if n == c]
+            return (*owner[id(base)], dims[0]) if len(dims) == 1 else None
+        if dim is None or base.dim() != t.dim() or not 0 <= dim < t.dim() or base.shape[dim] != c \
+                or t.shape[dim] != c:
+            return None
+        for i, (n, b) in enumerate(zip(t.shape, base.shape)):  # ``base`` itself, or expanded
+            if b != 1 and (b != n or t.stride(i) != base.stride(i)):
+                return None
+        return (*owner[id(base)], dim)
+
     def alone(self, t) -> bool:
         """Whether ``t`` was computed from parameters and buffers alone in the forward."""
         ref = self.by_params.get(id(t))

@@ -263,7 +263,7 @@ class Walk:
         except Exception as e:  # noqa: BLE001 (arguments no handler here expected: kept, not followed)
             self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", [m for _, m in inputs], out)
         if writes:
-            self.written(op, target, before, bool(inputs))
+            _written(self, op, target, before, bool(inputs))
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
@@ -292,7 +292,7 @@ class Walk:
     def finish(self) -> None:
         pin_shared(self.g)
         coverage = self.traced.coverage
-        self.compared(coverage.compared)
+        _keep_compared(self.g, self.traced.widths, coverage.compared)
         coverage.unseen = self.unseen()
         attention = nn.MultiheadAttention  # (its out_proj is run through its tensors by torch's forward)
         coverage.by_weight = [n for n in self.layer_names() if n in self.seen and n not in self.entered
@@ -310,24 +310,6 @@ class Walk:
         self.storage.clear()
         self.entry.clear()
         self.inputs, self.params = Inputs(self.get), Params(self.model)  # what they held, freed
-
-    def compared(self, found: list[tuple[str, str, int]]) -> None:
-        """The channels of every width an integer attribute holds that the forward compared as a
-        number (``flow.compared_widths``): kept, in one warning, since a cut that lowered it would
-        change what the forward decides (``if x.shape[-1] < self.c``) at every input size."""
-        kept = []
-        for name, attr, value in found:
-            widths = self.traced.widths
-            maps = [m for m in (*widths.frames.get(name, ()), *widths.borders.get(name, ()))
-                    if m.factor == 1 and m.channels == value]
-            for m in maps:
-                self.g.pin(m, f"{name or 'the model'}.{attr} is compared as a number by the forward")
-            if maps:
-                kept.append(f"{name}.{attr}" if name else attr)
-        if kept:
-            warnings.warn(f"slimming kept the channels of {len(kept)} width(s) the forward compares as "
-                          f"numbers (a cut would change what it decides): {', '.join(kept[:6])}",
-                          stacklevel=4)
 
     def get(self, t) -> Map | None:
         entry = self.maps.get(id(t)) if isinstance(t, torch.Tensor) else None
@@ -421,47 +403,9 @@ class Walk:
         self.g.kept.append(Kept(kind, where, op, what, list(inputs)))
         return why
 
-    def written(self, op: str, t: torch.Tensor, before: Map | None, tracked: bool) -> None:
-        """After ``op`` wrote into ``t``: where its channels changed, every other tensor sharing
-        its memory (the tensor it is a view of, other views, ``detach()`` aliases) changed too;
-        their channels are kept. A tracked tensor written into an untracked one (a detection
-        transform's ``copy_`` into a fresh batch) gives it, and what it is a view of, channels
-        of their own."""
-        after = self.get(t)
-        if after == before and (after is not None or not tracked):
-            return
-        why = f"{self.where()}: {op} writes in place through a view or an alias"
-        if after is None and tracked:
-            self.fresh(t, why)
-        for i in list(self.storage.get(_memory(t), ())):
-            other = self.maps.get(i)
-            if other is not None and other[0] is not t:
-                self.g.pin(other[1], why)
-                self.set(other[0], other[1].with_gate(False))
-        base = t._base
-        if base is not None and self.get(base) is None and base.dim() >= 2:
-            self.fresh(base, why)
-
     def channel_tensor(self, t: torch.Tensor, c: int, dim: int | None = None) -> tuple[str, str, int] | None:
-        """(module, attribute, dim) when ``t`` is a module's parameter or buffer of ``c``
-        values (or a view of one: ``gamma.view(1, -1, 1, 1)``), one per channel along ``dim``;
-        or, where ``t``'s channels lie along ``dim``, a parameter with other dims too (a
-        position embedding (1, L, C)) or a broadcast of one (a class token expanded to
-        (N, 1, C)). Inside a module in ``ignore``, None (kept)."""
-        owner = self.params.owner
-        base = t if id(t) in owner else t._base
-        if base is None or id(base) not in owner or self.in_ignored():
-            return None
-        if base.numel() == c:
-            dims = [i for i, n in enumerate(base.shape) if n == c]
-            return (*owner[id(base)], dims[0]) if len(dims) == 1 else None
-        if dim is None or base.dim() != t.dim() or not 0 <= dim < t.dim() or base.shape[dim] != c \
-                or t.shape[dim] != c:
-            return None
-        for i, (n, b) in enumerate(zip(t.shape, base.shape)):  # ``base`` itself, or expanded
-            if b != 1 and (b != n or t.stride(i) != base.stride(i)):
-                return None
-        return (*owner[id(base)], dim)
+        """``Params.channel_tensor``; inside a module in ``ignore``, None (kept)."""
+        return None if self.in_ignored() else self.params.channel_tensor(t, c, dim)
 
     def scale(self, module: str, attr: str, dim: int, x: Map) -> None:
         """A per-channel parameter of ``module`` (a layer scale) applied to channels ``x``: cut
@@ -479,6 +423,46 @@ class Walk:
             return None
         self.g.tie(first[1], x, f"{name} is called on channels it cannot pair with its first call's")
         return first[0]
+
+
+def _keep_compared(g, widths, found: list[tuple[str, str, int]]) -> None:
+    """The channels of every width an integer attribute holds that the forward compared as a
+    number (``flow.compared_widths``): kept, in one warning, since a cut that lowered it would
+    change what the forward decides (``if x.shape[-1] < self.c``) at every input size."""
+    kept = []
+    for name, attr, value in found:
+        maps = [m for m in (*widths.frames.get(name, ()), *widths.borders.get(name, ()))
+                if m.factor == 1 and m.channels == value]
+        for m in maps:
+            g.pin(m, f"{name or 'the model'}.{attr} is compared as a number by the forward")
+        if maps:
+            kept.append(f"{name}.{attr}" if name else attr)
+    if kept:
+        warnings.warn(f"slimming kept the channels of {len(kept)} width(s) the forward compares as "
+                      f"numbers (a cut would change what it decides): {', '.join(kept[:6])}",
+                      stacklevel=4)
+
+
+def _written(w: Walk, op: str, t: torch.Tensor, before: Map | None, tracked: bool) -> None:
+    """After ``op`` wrote into ``t``: where its channels changed, every other tensor sharing
+    its memory (the tensor it is a view of, other views, ``detach()`` aliases) changed too;
+    their channels are kept. A tracked tensor written into an untracked one (a detection
+    transform's ``copy_`` into a fresh batch) gives it, and what it is a view of, channels
+    of their own."""
+    after = w.get(t)
+    if after == before and (after is not None or not tracked):
+        return
+    why = f"{w.where()}: {op} writes in place through a view or an alias"
+    if after is None and tracked:
+        w.fresh(t, why)
+    for i in list(w.storage.get(_memory(t), ())):
+        other = w.maps.get(i)
+        if other is not None and other[0] is not t:
+            w.g.pin(other[1], why)
+            w.set(other[0], other[1].with_gate(False))
+    base = t._base
+    if base is not None and w.get(base) is None and base.dim() >= 2:
+        w.fresh(base, why)
 
 
 def _memory(t: torch.Tensor) -> int:
