@@ -72,6 +72,15 @@ class Inputs:
         ref = self.derived.get(id(t))
         return ref is not None and ref() is t
 
+    def given(self, t: torch.Tensor) -> None:
+        """``t``, an input of the model without channels (a timestep (N,), a scalar), counts as
+        what the inputs became."""
+        self.derived[id(t)] = weakref.ref(t)
+
+    def became(self, t) -> bool:
+        """Whether ``t`` is an untracked tensor computed from the inputs (a timestep's embedding)."""
+        return isinstance(t, torch.Tensor) and self._derived(t)
+
 
 class Piece(NamedTuple):
     """``length`` rows of a 1-D tensor a forward made, each the same row of ``module``'s

@@ -50,6 +50,12 @@ def layer(w: Walk, s: Step) -> None:
         # a norm module without tensors ran too, and so did a layer whose forward computes the
         # tensors it calls with (a QAT ConvBn2d's fake-quantised, BatchNorm-scaled weight)
         w.seen.add(w.stack[-1])
+    if x is None and rule.makes and name is not None and attrs is not None and w.inputs.became(x_t):
+        # what an input without channels became (a timestep's embedding): its columns are kept,
+        # the rows it makes are channels of its own, cut where they meet others (added onto a map)
+        reads = x_t.shape[-1] if rule.last else x_t.shape[1]
+        x = Map([Seg(w.g.new_space(reads, f"{name}: reads an input without channels"), 0, reads, False)],
+                dim=x_t.dim() - 1 if rule.last else 1)
     if x is None:  # a layer of something made from constants: its outputs are kept
         return w.fresh(s.out, f"{name or s.op}: reads no tracked channels")
     why = _misfit(w, s, kind, x_t, x, name, attrs)

@@ -93,10 +93,9 @@ def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
     found (``Traced``: the channel graph, and the widths, baked weights and coverage beside
     it). GraphError (one line) for a model that does not run on the example."""
     inputs = as_inputs(example_inputs)
-    images = [t for t in inputs if isinstance(t, torch.Tensor)]
-    if not images or any(t.dim() < 2 for t in images):
-        shapes = [tuple(t.shape) for t in images]
-        raise GraphError(f"the model's inputs are {shapes or 'no tensors'}: slimming needs tensors "
+    shapes = [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
+    if not any(len(shape) >= 2 for shape in shapes):
+        raise GraphError(f"the model's inputs are {shapes or 'no tensors'}: slimming needs a tensor "
                          "with a channel dimension (N, C, ...)")
     keep = ignored_names(model, ignore)
     # module -> why it is kept whole, as the messages say it
@@ -169,7 +168,10 @@ class Walk:
 
     def run(self, inputs: tuple, training: bool) -> None:
         """Follow one forward (``capture``), from the inputs' channels to the outputs'."""
-        images = [t for t in inputs if isinstance(t, torch.Tensor)]
+        images = [t for t in inputs if isinstance(t, torch.Tensor) and t.dim() >= 2]
+        for t in inputs:  # a timestep (N,), a scalar: no channels, what it becomes is followed as values
+            if isinstance(t, torch.Tensor) and t.dim() < 2:
+                self.inputs.given(t)
         for i, t in enumerate(images):
             if len(self.input_maps) <= i:
                 space = self.g.new_space(t.shape[1], f"input {i} of the model" if i else "the input image")
@@ -268,6 +270,9 @@ class Walk:
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
         op = OP_ALIASES.get(s.op, s.op)  # an op of your own, followed as the known one it is like
+        first = s.args[0] if s.args else None
+        if not s.inputs and op in self.calls and RULES[self.calls[op]].makes and self.inputs.became(first):
+            return layer(self, s._replace(op=op))  # on what an input without channels became (a timestep)
         if not s.inputs:
             if op in self.calls:  # a layer on what carries no channels (an attention map): it ran
                 name = owned(self, s, RULES[self.calls[op]].positions)[1]
