@@ -126,21 +126,25 @@ def test_a_diffusion_unet_called_with_its_timestep_is_cut_exactly_at_every_times
             assert rel_diff(small(*args), reference(*args)) < 1e-5, t
 
 
-def test_a_scalar_timestep_in_the_example_works_and_a_budget_is_one_line():
-    """A 0-d timestep in ``example_inputs`` (diffusers accepts one); a FLOPs budget, which counts
-    a network of one input, is refused in one line for a model of several (left for later)."""
+def test_a_scalar_timestep_in_the_example_and_a_flops_budget_work():
+    """A 0-d timestep in ``example_inputs`` (diffusers accepts one); a FLOPs budget counts the
+    network on the example's inputs as they are (it took a model of one input before)."""
     torch.manual_seed(0)
     model = TinyDiffusionUNet().eval()
     sparsity_shaped(model, 0)
     example = (torch.zeros(1, 3, 16, 16), torch.tensor(7))
+    x, t = torch.randn(2, 3, 16, 16), torch.tensor([1, 500])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        result = slimming.prune(model, percent=0.3, example_inputs=example, compensate=False)
-    x, t = torch.randn(2, 3, 16, 16), torch.tensor([1, 500])
-    with torch.no_grad():
-        assert rel_diff(result.model(x, t), zeroed(model, result.masks)(x, t)) < 1e-5
-    with pytest.raises(slimming.SlimmingError, match="budget needs a model of one input"):
-        slimming.prune(model, target_flops=0.7, example_inputs=example)
+        for amount in ({"percent": 0.3}, {"target_flops": 0.6}, {"target_params": 0.7}):
+            result = slimming.prune(model, example_inputs=example, compensate=False, **amount)
+            with torch.no_grad():
+                assert rel_diff(result.model(x, t), zeroed(model, result.masks)(x, t)) < 1e-5
+    budget = result.budget  # the parameters' budget, met
+    assert budget.met and budget.achieved <= 0.7 * budget.full
+    flops = slimming.prune(model, target_flops=0.6, example_inputs=example, compensate=False).budget
+    assert flops.met and flops.achieved <= 0.6 * flops.full < flops.full
+    assert flops.full == slimming.measure.stats.count_flops(model, inputs=example)
 
 
 def test_inputs_without_any_channel_dimension_are_still_one_line():

@@ -38,11 +38,13 @@ def _device(model: nn.Module) -> torch.device:
 
 
 @torch.inference_mode()
-def count_flops(model: nn.Module, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE) -> int:
-    """FLOPs of one forward pass of a single image of ``input_size`` (C, H, W)."""
+def count_flops(model: nn.Module, input_size: tuple[int, ...] = DEFAULT_INPUT_SIZE,
+                inputs: tuple | None = None) -> int:
+    """FLOPs of one forward pass of a single image of ``input_size`` (C, H, W); ``inputs``: of
+    the forward on these inputs instead (a model of several: an image and a timestep)."""
     with modes_kept(model), FlopCounterMode(display=False) as counter:
         model.eval()
-        model(torch.zeros(1, *input_size, device=_device(model)))
+        model(*inputs) if inputs is not None else model(torch.zeros(1, *input_size, device=_device(model)))
     return int(counter.get_total_flops())
 
 

@@ -25,6 +25,7 @@ from ..utils.modules import modes_kept
 from .graph import GraphError
 from .records import CountBudget
 from .select import select
+from .trace import as_inputs
 
 _NAME = {"flops": "FLOPs", "params": "parameters"}  # in messages
 
@@ -91,8 +92,12 @@ def search(model: nn.Module, plan, example: torch.Tensor, amount, limits: dict, 
     as it does any cut the check refuses: only where its forward alone fails on the example
     (with the widths as built and put back), so that the check's fails too."""
     what, asked = amount.what, amount.given
-    size = tuple(example.shape[1:])
-    measure = (lambda m: count_flops(m, size)) if what == "flops" else count_params
+    inputs = as_inputs(example)
+    if len(inputs) == 1:  # one image: at batch 1, as stats and the command line count it
+        size = tuple(inputs[0].shape[1:])
+        measure = (lambda m: count_flops(m, size)) if what == "flops" else count_params
+    else:  # several inputs (an image and a timestep): on them as they are
+        measure = (lambda m: count_flops(m, inputs=inputs)) if what == "flops" else count_params
     full = measure(model)
     target = parse_budget(amount.value, full, what)
     total = sum(s.numel() for s in plan.scores)
@@ -136,4 +141,4 @@ def _run(m: nn.Module, example: torch.Tensor) -> None:
     """One forward of ``m`` in eval mode (its modes put back), its output dropped."""
     with torch.no_grad(), modes_kept(m):
         m.eval()
-        m(example)
+        m(*as_inputs(example))

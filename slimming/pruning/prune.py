@@ -139,9 +139,6 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     # path does (and gives the family's own channels where nothing is ignored: tested)
     traced = surgery == "graph" or models.family(getattr(model, "arch", None)) is None \
         or bool(ignored_names(model, ignore) | ignored_names(model, keep_whole))
-    if amount.what is not None and len(as_inputs(example)) != 1:
-        raise SlimmingError("a FLOPs or parameter budget needs a model of one input; give "
-                            "percent or threshold", param=("target_flops", "target_params"))
     whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
     limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
     steps = _Steps(model, importance, example, traced, ignore, whole, verify, limits, amount, latency_model,
