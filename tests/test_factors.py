@@ -129,9 +129,51 @@ def test_sparsity_trains_every_groupnorm_gamma_and_bnsparsity_is_the_same_term()
 
 def test_a_network_without_any_scaling_factor_is_refused_in_one_line():
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
-    with pytest.raises(slimming.SlimmingError, match="no BatchNorm, GroupNorm or LayerNorm") as e:
+    with pytest.raises(slimming.SlimmingError, match="no BatchNorm, GroupNorm, LayerNorm or affine") as e:
         slimming.prune(model, percent=0.5, example_inputs=torch.zeros(1, 3, 16, 16))
+    assert "\n" not in str(e.value) and "add_gates" in str(e.value)
+
+
+INSTANCE = {1: (nn.Conv1d, nn.InstanceNorm1d), 2: (nn.Conv2d, nn.InstanceNorm2d),
+            3: (nn.Conv3d, nn.InstanceNorm3d)}
+
+
+def instance_normed(dims: int, affine: bool) -> nn.Module:
+    """A 3-D medical or style network's pattern: convolutions, each followed by an InstanceNorm
+    (MONAI's UNet default: no affine; its BasicUNet: affine)."""
+    conv, norm = INSTANCE[dims]
+    return nn.Sequential(conv(2, 16, 3, padding=1), norm(16, affine=affine), nn.ReLU(),
+                         conv(16, 8, 3, padding=1), norm(8, affine=affine), nn.ReLU(), conv(8, 3, 1)).eval()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_an_affine_instance_norm_is_a_scaling_factor_and_one_without_takes_gates(dims, seed):
+    """Issue 47, item 3: an affine InstanceNorm's gamma scores its channels as a BatchNorm's
+    does (each channel normalised alone: a cut leaves the others as they were), so the cut is
+    exact; without affine nothing scores them ("no channel can be cut", naming add_gates), and
+    add_gates puts a gate before each convolution that reads them, which the cut then uses."""
+    torch.manual_seed(seed)
+    x, probe = torch.zeros(1, 2, *[8] * dims), torch.randn(2, 2, *[8] * dims)
+    model = instance_normed(dims, affine=True)
+    sparsity_shaped(model, seed)
+    result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    assert set(result.cfg) == {"1", "4"} and result.cfg["1"] < 16 and result.cfg["4"] < 8
+    assert result.model[1].num_features == result.model[0].out_channels == result.cfg["1"]
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+    plain = instance_normed(dims, affine=False)
+    with pytest.raises(slimming.SlimmingError, match="add_gates") as e:
+        slimming.prune(plain, percent=0.3, example_inputs=x)
     assert "\n" not in str(e.value)
+    assert slimming.add_gates(plain, x, everywhere=True) == ["3", "6"]
+    sparsity_shaped(plain, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gated = slimming.prune(plain, percent=0.3, example_inputs=x, compensate=False)
+    assert gated.model[3].in_channels + gated.model[6].in_channels < 24
+    with torch.no_grad():
+        assert rel_diff(gated.model(probe), zeroed(plain, gated.masks)(probe)) < 1e-5
 
 
 @pytest.mark.slow

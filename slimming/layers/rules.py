@@ -239,9 +239,11 @@ RULES: dict[str, LayerRule] = {
     # gamma, a buffer, scores its channels as a BatchNorm's does (``unfreeze_batchnorms`` makes
     # it trainable for sparsity training)
     "frozen_bn": LayerRule(carries=BN_TENSORS, gated=True, scores=True, modules=("FrozenBatchNorm2d",)),
-    "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"},
-                               modules=(nn.modules.instancenorm._InstanceNorm,), calls=("instance_norm",),
-                               positions=_NORM),
+    # an affine InstanceNorm's gamma is a scaling factor as a BatchNorm's: it normalises each
+    # channel alone, so a cut leaves the others as they were (without affine: carried, unscored)
+    "instance_norm": LayerRule(carries=BN_TENSORS, widths={"num_features": "channels"}, gated=True,
+                               scores=True, modules=(nn.modules.instancenorm._InstanceNorm,),
+                               calls=("instance_norm",), positions=_NORM, shifts=True),
     "group_norm": GroupNormRule(carries={"weight": 0, "bias": 0}, widths={"num_channels": "channels"},
                                 gated=True, scores=True, modules=(nn.GroupNorm,), calls=("group_norm",),
                                 positions=_AFFINE),

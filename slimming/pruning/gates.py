@@ -62,7 +62,9 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
     chosen = []
     for g in graph.groups():
         found = readers.get(graph.find(g.spaces[0]), [])
-        if g.bns or not found or (len(found) != 1 and not everywhere):
+        # scored where a factor has a weight: a norm without affine (InstanceNorm's default) scores nothing
+        scored = any(getattr(model.get_submodule(b.layer), "weight", None) is not None for b in g.bns)
+        if scored or not found or (len(found) != 1 and not everywhere):
             continue
         names = {name for name, _, _ in found}
         # kept only for want of a factor, or because these very layers read them first: gates

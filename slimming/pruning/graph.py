@@ -41,7 +41,7 @@ from torch import nn
 from ..errors import SlimmingError, clip
 from ..layers.rules import RULES
 
-UNSCORED = "no scaling factor (BatchNorm, GroupNorm, LayerNorm, gate) scores it"
+UNSCORED = "no scaling factor (BatchNorm, GroupNorm, LayerNorm, affine InstanceNorm, gate) scores it"
 
 
 class Reason(str):

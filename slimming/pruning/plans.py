@@ -26,7 +26,7 @@ from ..layers.gates import ATTR as GATE
 from ..layers.gates import fold
 from ..layers.rules import ChannelGate, factor_width, is_factor_layer
 from . import surgery
-from .graph import Factor, GraphError, Group, ignored_names
+from .graph import UNSCORED, Factor, GraphError, Group, ignored_names
 from .importance import Importance
 from .records import PruneResult
 from .select import equalize, scaled_prunable_bns, whole_block_scores
@@ -101,8 +101,9 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
     convolutions, chunks) and cuts a copy along the graph."""
     factors = [(name, m) for name, m in model.named_modules() if is_factor_layer(m)]
     if not factors:
-        raise SlimmingError("the model has no BatchNorm, GroupNorm or LayerNorm: there is nothing to slim "
-                            "(network slimming scores channels by their scaling factors)")
+        raise SlimmingError("the model has no BatchNorm, GroupNorm, LayerNorm or affine InstanceNorm: there "
+                            "is nothing to slim (network slimming scores channels by their scaling "
+                            f"factors); {GATES_HINT}")
     traced = trace(model, example, ignore, keep_whole, follow_sizes, output_transform, refused, more_inputs)
     graph, computed = traced.graph, traced.baked.computed
     stuck = [n for n in traced.baked.unbaked
@@ -181,7 +182,12 @@ def nothing_to_cut(model: nn.Module, groups: list[Group]) -> str:
     reasons = sorted(counts, key=lambda w: -counts[w])
     said = "; ".join(f"{w} ({counts[w]} channels)" for w in reasons[:3]) \
         or "no scaling factor scores any channel"
-    return f"no channel of {type(model).__name__} can be cut: {said}"
+    hint = f"; {GATES_HINT}" if not reasons or str(reasons[0]) == UNSCORED else ""
+    return f"no channel of {type(model).__name__} can be cut: {said}{hint}"
+
+
+# where nothing scores the channels (no normalisation, an InstanceNorm without affine)
+GATES_HINT = "slimming.add_gates(model, example, everywhere=True) gives them gates to train and cut"
 
 
 def scores_of(importance, model: nn.Module, group: Group) -> torch.Tensor:
