@@ -43,8 +43,8 @@ def gated_layers(model: nn.Module, heads: bool = False) -> dict[str, int]:
 
 
 def attach(model: nn.Module, layers: dict[str, int] | list[str], heads: bool = False) -> list[str]:
-    """Give each named layer (a ``Linear``, or a convolution of one group) a gate of ones over
-    the channels it reads (``layers``: names, or {name: width} as ``gated_layers`` gives); a
+    """Give each named layer (a ``Linear``, or a convolution of one group, transposed or not) a
+    gate of ones over the channels it reads (``layers``: names, or {name: width} as ``gated_layers`` gives); a
     layer with a gate already keeps it. ``heads``: a gate per attention head instead, over the
     heads it reads merged (``layers``: {name: number of heads}). Returns the names.
     SlimmingError (nothing changed) for a name that is no such layer."""
@@ -53,8 +53,7 @@ def attach(model: nn.Module, layers: dict[str, int] | list[str], heads: bool = F
     widths = {}
     for name in names:
         m = found.get(name)
-        if not isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) or getattr(m, "groups", 1) != 1 \
-                or getattr(m, "transposed", False):
+        if not isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) or getattr(m, "groups", 1) != 1:
             raise SlimmingError(f"add_gates: {clip(name)} is no linear layer or convolution of one group of "
                                 f"{type(model).__name__}", param="at")
         widths[name] = width = m.in_features if isinstance(m, nn.Linear) else m.in_channels
@@ -94,7 +93,7 @@ def fold(model: nn.Module, only: set[str] | None = None, multiply: bool = True) 
             continue
         w = m.weight
         shape = [1] * w.dim()
-        shape[1] = -1
+        shape[0 if getattr(m, "transposed", False) else 1] = -1  # a transposed convolution: (in, out, ...)
         scale = gate.weight.detach().to(w.dtype)
         if isinstance(gate, HeadGate):  # each head's weight over its run of the columns
             scale = scale.repeat_interleave(w.shape[1] // scale.numel())

@@ -14,9 +14,9 @@ cut them (``surgery`` along the graph, or a family's own walk; ``widths``: which
 the cut set stay, as the check vouches), then folding what the cut channels still gave into
 the next layers (``repair``) and checking the pruned network against the original with the cut
 channels zeroed (``verify``; what that means for a LayerNorm that loses channels: ``norms``).
-``prune`` composes them into ``slimming.prune``, which gives a ``PruneResult`` (``records``: it,
-and what a budget asked and achieved) and the warnings a cut deserves (``notes``); ``gates`` (``slimming.add_gates``) finds the widths
-nothing scores.
+``prune`` composes them into ``slimming.prune``, which gives a ``PruneResult`` (``records``:
+it, and what a budget asked and achieved) and the warnings a cut deserves (``notes``);
+``gates`` (``slimming.add_gates``) finds the widths nothing scores.
 
 Which parts it may import: ``docs/layout.md``.
 """

@@ -83,10 +83,11 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
 
 def _gateable(model: nn.Module, name: str, kind: str, m, size: int, anywhere: bool) -> bool:
     """Whether a gate before layer ``name`` (reading map ``m``) can score a group of ``size``
-    channels: a linear layer or a convolution of one group, reading them unflattened; all of
+    channels: a linear layer or a convolution of one group (transposed too: a UNet's decoder),
+    reading them unflattened; all of
     its input that group alone, unless ``anywhere``."""
     whole = len(m.segs) == 1 and m.segs[0].start == 0 and m.segs[0].length == size
-    return kind in ("linear", "conv") and getattr(model.get_submodule(name), "groups", 1) == 1 \
+    return kind in ("linear", "conv", "convt") and getattr(model.get_submodule(name), "groups", 1) == 1 \
         and m.factor == 1 and (whole or anywhere)
 
 
