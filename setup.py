@@ -7,6 +7,8 @@ PLOT = ["matplotlib>=3.5"]
 ONNX = ["onnx>=1.15", "onnxscript>=0.1", "onnxruntime>=1.17"]
 TIMM = ["timm>=1.0.8"]  # 1.0.8: the first with the test_* models the tests build
 SMP = ["segmentation-models-pytorch>=0.3.3"]  # decoders others wrote, for the trace's tests (MIT)
+# diffusion UNets and 3-D medical networks others wrote, for the trace's tests (Apache-2.0)
+NETS = ["diffusers>=0.30", "monai>=1.3"]
 
 setup(
     name="slimming",
@@ -36,7 +38,7 @@ setup(
         "timm": TIMM,  # timm models: --arch timm:NAME
         # the tests execute the notebook and check every export format
         "dev": ["pytest>=7", "pytest-xdist>=3.0.2", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5",
-                "ipykernel>=6", *PLOT, *ONNX, *TIMM, *SMP],
+                "ipykernel>=6", *PLOT, *ONNX, *TIMM, *SMP, *NETS],
     },
     entry_points={"console_scripts": ["slimming=slimming.cli:main"]},
 )
