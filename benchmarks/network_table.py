@@ -19,6 +19,9 @@ slimming.
     python benchmarks/network_table.py [--size 224] [--repeats 3] [--only resnet50,...]
         [--out runs/network_table.json]
 
+``--section new``: diffusers' AutoencoderKL and MONAI's 3-D UNet, BasicUNet and SegResNet, by
+the transformers section's routes.
+
 ``--section transformers``: transformers, hybrids and networks without normalisation (timm,
 torchvision, segmentation-models-pytorch on Mix-Transformer encoders), each tool by its
 documented route for them. slimming: ``add_gates`` (a gate per head and before each MLP's second
@@ -155,6 +158,30 @@ def transformers() -> list[tuple]:
     except ImportError:
         pass
     return out
+
+
+def new_section() -> list[tuple]:
+    """The ``--section new`` networks (issue 47): diffusers' AutoencoderKL and MONAI's 3-D UNet,
+    BasicUNet and SegResNet, one input each, by the transformers section's routes (gates where no
+    norm scores a width; Torch-Pruning ranking every norm's |gamma|)."""
+    import diffusers
+    from monai.networks import nets
+
+    def vae():
+        return diffusers.AutoencoderKL(
+            in_channels=3, out_channels=3, block_out_channels=(32, 64), layers_per_block=1, latent_channels=4,
+            norm_num_groups=8, down_block_types=("DownEncoderBlock2D",) * 2,
+            up_block_types=("UpDecoderBlock2D",) * 2)
+
+    volume = (1, 32, 32, 32)
+    unet = lambda: nets.UNet(spatial_dims=3, in_channels=1, out_channels=2,  # noqa: E731
+                             channels=(16, 32, 64, 128), strides=(2, 2, 2))
+    return [("diffusers AutoencoderKL", vae, (3, 64, 64), (), False),
+            ("MONAI UNet", unet, volume, (), False),
+            ("MONAI BasicUNet", lambda: nets.BasicUNet(spatial_dims=3, in_channels=1, out_channels=2),
+             volume, (), False),
+            ("MONAI SegResNet", lambda: nets.SegResNet(spatial_dims=3, in_channels=1, out_channels=2),
+             volume, (), False)]
 
 
 def with_statistics(model: nn.Module, seed: int = 1) -> None:
@@ -374,9 +401,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--only", default="", help="comma-separated parts of network names")
     ap.add_argument("--out", type=Path, default=Path("runs/network_table.json"))
-    ap.add_argument("--section", choices=("classic", "transformers"), default="classic",
+    ap.add_argument("--section", choices=("classic", "transformers", "new"), default="classic",
                     help="transformers: the section of transformers, hybrids and networks without "
-                         "normalisation, each tool by its documented route for them")
+                         "normalisation, each tool by its documented route for them; new: diffusers' "
+                         "AutoencoderKL and MONAI's 3-D networks, by the same routes")
     args = ap.parse_args()
     try:
         import torch_pruning as tp  # the peer measured here; not a dependency of slimming
@@ -389,12 +417,13 @@ def main() -> None:
     print("| network | parameters | slimming: cut, result | Torch-Pruning: cut, result | "
           "slimming ms | checked ms | Torch-Pruning ms | ratio | checked ratio | check (forwards) |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    section = transformers() if args.section == "transformers" else networks(args.size)
+    sections = {"transformers": transformers, "new": new_section}
+    section = sections.get(args.section, lambda: networks(args.size))()
     for name, build, shape, keep, discrete in section:
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
         try:
-            row = one(name, build, shape, keep, discrete, args.repeats, tp, args.section == "transformers")
+            row = one(name, build, shape, keep, discrete, args.repeats, tp, args.section != "classic")
         except Exception as e:  # a network this torch/timm cannot build or run: say so, go on
             row = {"network": name, "size": "x".join(map(str, shape[1:])), "params": 0,
                    "ours_error": f"not built: {type(e).__name__}: {str(e)[:100]}",
