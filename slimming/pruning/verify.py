@@ -120,10 +120,10 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, ou
 
 
 @torch.no_grad()
-def second_size(model: nn.Module, example):
+def second_size(example):
     """The example at about three quarters of its height and width (each image-like input, (N,
-    C, H, W) or longer), where the original runs at that size; else None. A width the cut set
-    may also be read as a number (``if x.shape[-1] < self.c``): only another size shows it."""
+    C, H, W) or longer); None where it has none. A width the cut set may also be read as a
+    number (``if x.shape[-1] < self.c``): only another size shows it (``check_second``)."""
     inputs, changed = [], False
     for t in (example if isinstance(example, (tuple, list)) else (example,)):
         if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dim() >= 4 and min(t.shape[2:]) > 1:
@@ -132,13 +132,22 @@ def second_size(model: nn.Module, example):
         inputs.append(t)
     if not changed:
         return None
-    smaller = tuple(inputs) if isinstance(example, (tuple, list)) else inputs[0]
+    return tuple(inputs) if isinstance(example, (tuple, list)) else inputs[0]
+
+
+def check_second(original: nn.Module, result, smaller, output_transform=None) -> float:
+    """``check`` at ``second_size``'s example, where the original runs at that size (a network
+    of one input size has nothing to compare there: 0.0). Whether it runs is asked only where
+    the check fails, so that a passing check costs no extra forward of the original."""
     try:
-        with modes_kept(model):
-            model.eval()(*probe_like(smaller))
-    except Exception:  # noqa: BLE001 (a network of one input size: nothing to compare there)
-        return None
-    return smaller
+        return check(original, result, smaller, output_transform=output_transform)
+    except Exception:  # noqa: BLE001 (the original's own forward failing there is no refusal)
+        try:
+            with torch.no_grad(), modes_kept(original):
+                original.eval()(*probe_like(smaller))
+        except Exception:  # noqa: BLE001 (a network of one input size)
+            return 0.0
+        raise
 
 
 @torch.no_grad()

@@ -21,7 +21,7 @@ from ..errors import first_line
 from .graph import GraphError
 from .records import PruneResult
 from .surgery import WidthChange
-from .verify import check, named, second_size
+from .verify import check, check_second, named, second_size
 
 
 def checked(model: nn.Module, result: PruneResult, example, output_transform=None,
@@ -37,7 +37,7 @@ def checked(model: nn.Module, result: PruneResult, example, output_transform=Non
     whole at both sizes, else with none of them. ``check_inputs``: the user's own batches,
     compared on as they are too (``verify.check``'s ``given``)."""
     # a baked weight may also be computed from the input's size (a Python number): another size shows it
-    smaller = second_size(model, example) if any(c.sure for c in result.widths) or result.baked else None
+    smaller = second_size(example) if any(c.sure for c in result.widths) or result.baked else None
 
     def quick() -> float:
         diff = check(model, result, example, output_transform=output_transform)
@@ -46,7 +46,7 @@ def checked(model: nn.Module, result: PruneResult, example, output_transform=Non
         return max(diff, _on_images(model, result, example, output_transform)) if result.value_reads else diff
 
     def test() -> float:
-        return max(quick(), check(model, result, smaller, output_transform=output_transform)
+        return max(quick(), check_second(model, result, smaller, output_transform)
                    if smaller is not None else 0.0)
     try:
         return test()
