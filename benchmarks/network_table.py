@@ -245,7 +245,8 @@ def gated(model: nn.Module, example: torch.Tensor, seed: int = 2) -> None:
     """slimming's route for transformers and networks without normalisation: ``add_gates``
     (everywhere, where no norm scores any channel), the gates' values sparsity-shaped as
     ``sparsity_shaped`` shapes the gammas (their own generator: the norms stay as they were)."""
-    everywhere = not any(is_factor_layer(m) for m in model.modules())
+    everywhere = not any(is_factor_layer(m) and getattr(m, "weight", None) is not None
+                         for m in model.modules())  # a norm without affine scores nothing
     slimming.add_gates(model, example, everywhere=everywhere)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
