@@ -188,3 +188,37 @@ def test_diffusers_own_unets_are_cut_exactly(name):
             *((torch.randn(2, 9, 32),) if len(example) == 3 else ()))
     with torch.no_grad():
         assert rel_diff(result.model(*args).sample, reference(*args).sample) < 1e-5
+
+
+class KeywordOnly(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.norm = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8)
+
+    def forward(self, x, *, scale=1.0):
+        return self.norm(self.conv(x)) * scale
+
+
+def test_example_inputs_as_the_forwards_keyword_arguments():
+    """Issue 47, item 1: ``example_inputs`` as a dict of the forward's keyword arguments
+    (Torch-Pruning's and Hugging Face's way) is bound to its signature: the same cut as the tuple,
+    exact; a name the forward does not take, or takes only by keyword, is one line."""
+    torch.manual_seed(0)
+    model = TinyDiffusionUNet(context=8).eval()
+    sparsity_shaped(model, 0)
+    x, t, text = torch.zeros(1, 3, 16, 16), torch.tensor([10]), torch.zeros(1, 5, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        by_name = slimming.prune(model, percent=0.3, compensate=False,
+                                 example_inputs={"sample": x, "timestep": t, "context": text})
+        by_place = slimming.prune(model, percent=0.3, compensate=False, example_inputs=(x, t, text))
+    assert all(torch.equal(m, by_place.masks[k]) for k, m in by_name.masks.items())
+    args = (torch.randn(2, 3, 16, 16), torch.tensor([4, 800]), torch.randn(2, 6, 8))
+    with torch.no_grad():
+        assert rel_diff(by_name.model(*args), zeroed(model, by_name.masks)(*args)) < 1e-5
+    for bad, said in (({"sample": x, "noise": t}, "does not take these keyword arguments"),
+                      ({"x": x, "scale": 2.0}, "scale can be given only by keyword")):
+        target = model if "noise" in bad else KeywordOnly().eval()
+        with pytest.raises(slimming.SlimmingError, match=said) as e:
+            slimming.prune(target, percent=0.3, example_inputs=bad)
+        assert "\n" not in str(e.value) and e.value.params == ("example_inputs",)

@@ -10,7 +10,7 @@ from ..layers.gates import attach, gated_layers
 from ..utils.modules import eager_model
 from .graph import Side
 from .prune import default_example
-from .trace import trace
+from .trace import positional, trace
 
 
 def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), heads: bool = True,
@@ -45,7 +45,8 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
                                 f"{clip(repr(at))}", param="at")
         attach(model, names)
         return _gated(model)
-    traced = trace(model, default_example(model) if example_inputs is None else example_inputs, ignore)
+    example = default_example(model) if example_inputs is None else positional(model, example_inputs)
+    traced = trace(model, example, ignore)
     graph, unfit = traced.graph, (*traced.coverage.by_weight, *traced.baked.unbaked)
     readers: dict[int, list] = {}
     per_head: dict[str, int] = {}

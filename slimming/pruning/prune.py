@@ -40,7 +40,7 @@ from .importance import DEFAULT, Importance, get_importance
 from .notes import gates_held, little_sparsity, nearly_emptied
 from .records import PruneResult
 from .select import select
-from .trace import as_inputs
+from .trace import as_inputs, positional
 from .verify import runs
 
 
@@ -96,7 +96,8 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
     pre-activation ResNet, DenseNet, yours) is cut by its own surgery, as the paper does; any
     other network (or any, with ``surgery="graph"``) is traced on ``example_inputs`` (default:
-    one image of ``default_example``'s size; a tuple for a forward of several inputs) and cut
+    one image of ``default_example``'s size; a tuple for a forward of several inputs, or a dict
+    of its keyword arguments, ``{"sample": x, "timestep": t}``) and cut
     along its channel graph. ``ignore``: modules that keep the channels they make (and their
     inner widths) while the channels they read are cut where their producers are, as a detector
     keeps its head; ``keep_whole``: modules kept whole, what they read included. Both take names
@@ -134,7 +135,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
         round_to = ROUND_FOR_SPEED if amount.kind == "target_latency" else 1
     _check_arguments(round_to, output_transform, cut_heads, latency_model, amount)
     checks = _check_batches(check_inputs, verify)
-    example = default_example(model) if example_inputs is None else example_inputs
+    example = default_example(model) if example_inputs is None else positional(model, example_inputs)
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
     # path does (and gives the family's own channels where nothing is ignored: tested)
     traced = surgery == "graph" or models.family(getattr(model, "arch", None)) is None \

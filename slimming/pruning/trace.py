@@ -27,6 +27,7 @@ write through a view or alias of a tensor keeps the channels of every tensor sha
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections import defaultdict
 from collections.abc import Iterator
@@ -71,6 +72,31 @@ def as_inputs(example_inputs) -> tuple:
     """The model's positional inputs: one tensor, or a tuple or list of them (and of other
     values, passed as they are)."""
     return tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+
+
+def positional(model: nn.Module, example_inputs):
+    """``example_inputs`` as positional inputs: a dict of the forward's keyword arguments
+    (Torch-Pruning's and Hugging Face's way: ``{"sample": x, "timestep": t}``) bound to its
+    signature, the parameters between them at their defaults; anything else as it is.
+    SlimmingError (param ``example_inputs``) for a name the forward does not take, or one it
+    takes only by keyword."""
+    if not isinstance(example_inputs, dict):
+        return example_inputs
+    try:
+        signature = inspect.signature(model.forward)
+        bound = signature.bind_partial(**example_inputs)
+    except (TypeError, ValueError) as e:
+        raise SlimmingError(f"example_inputs: {type(model).__name__}.forward does not take these keyword "
+                            f"arguments ({first_line(e, 80)})", param="example_inputs") from None
+    only = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_KEYWORD)
+    by_keyword = sorted(n for n in example_inputs
+                        if n not in signature.parameters or signature.parameters[n].kind in only)
+    if by_keyword:
+        raise SlimmingError(f"example_inputs: {', '.join(by_keyword)} can be given only by keyword to "
+                            f"{type(model).__name__}.forward, which slimming does not follow yet; pass the "
+                            "forward's inputs by position (a tuple)", param="example_inputs")
+    bound.apply_defaults()
+    return tuple(bound.args)
 
 
 def trace(model: nn.Module, example_inputs, ignore=(), keep_whole=(),
