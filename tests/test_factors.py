@@ -517,3 +517,64 @@ def test_a_block_reshaping_by_a_width_it_does_not_hold_is_kept_from_the_start():
     assert not result.masks["stem.1"].all()
     with torch.no_grad():
         assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-4
+
+
+class ResizedPositions(nn.Module):
+    """A ViT whose position embedding is resampled to the input's grid in the forward, as
+    Hugging Face's DPT (``_resize_pos_embed``) and timm's ``dynamic_img_size`` do: sliced, laid
+    out as a grid, interpolated, laid back as tokens, the class token's put back in front."""
+
+    def __init__(self, dim: int = 24, grid: int = 4):
+        super().__init__()
+        self.grid, self.patch = grid, nn.Conv2d(3, dim, 8, 8)
+        self.cls_token = nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos_embed = nn.Parameter(torch.randn(1, 1 + grid * grid, dim))
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 5)
+
+    def forward(self, x):
+        tokens = self.patch(x)
+        h, w = tokens.shape[-2:]
+        tokens = tokens.flatten(2).transpose(1, 2)
+        prefix, grid = self.pos_embed[:, :1], self.pos_embed[0, 1:]
+        grid = grid.reshape(1, self.grid, self.grid, -1).permute(0, 3, 1, 2)
+        grid = nn.functional.interpolate(grid, size=(h, w), mode="bilinear", align_corners=False)
+        pos = torch.cat([prefix, grid.permute(0, 2, 3, 1).reshape(1, h * w, -1)], dim=1)
+        x = torch.cat([self.cls_token.expand(len(x), -1, -1), tokens], dim=1) + pos
+        return self.head(self.norm(x)[:, 0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_position_embedding_resampled_in_the_forward_is_cut_along_its_channels(seed):
+    """Issue 47, item 4: the resampled position embedding was "an op with a tensor over the
+    channels that is no module's per-channel parameter" and kept every channel of the tokens
+    (Hugging Face's DPT, timm's ViT with dynamic_img_size at another size than it was built
+    for); now its channels are followed through the slice, grid, interpolation and tokens, and
+    the parameter is cut along them with the LayerNorm's: exact at several sizes."""
+    torch.manual_seed(seed)
+    model = ResizedPositions().eval()
+    sparsity_shaped(model, seed)
+    result = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 48, 48), compensate=False)
+    kept = result.cfg["norm"]
+    assert kept < 24 and result.model.pos_embed.shape == (1, 17, kept)
+    assert result.model.norm.weight.numel() == kept == result.model.patch.out_channels
+    assert result.model.cls_token.shape[-1] == kept
+    reference = zeroed(model, result.masks)
+    for side in (32, 48, 64):
+        x = torch.randn(2, 3, side, side)
+        with torch.no_grad():
+            assert rel_diff(result.model(x), reference(x)) < 1e-5, side
+
+
+def test_timms_vit_at_another_size_than_it_was_built_for_is_cut():
+    """timm's ViT with ``dynamic_img_size=True`` run at 48x48 after being built for 64x64
+    resamples its position embedding in every forward: cut as at its own size."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", num_classes=10, img_size=64, dynamic_img_size=True)
+    model.eval()
+    sparsity_shaped(model, 0)
+    result = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 48, 48), compensate=False)
+    assert result.model.pos_embed.shape[-1] == result.model.patch_embed.proj.out_channels < 192
+    x = torch.randn(2, 3, 48, 48)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5

@@ -56,6 +56,7 @@ from .graph import (
 from .layer_calls import baked_left, layer, owned, whole_layer
 from .ops import (
     META_OPS,
+    RESHAPE_OPS,
     Step,
     in_place,
     leaves,
@@ -66,6 +67,10 @@ from .ops import (
 from .register import DISPATCH, OP_ALIASES, calls
 from .register import register_op as register_op  # 0.2.0's path: slimming.pruning.trace.register_op
 from .traced import Traced
+
+# ops whose first use of a position embedding starts following its channels (``Walk.embedding``);
+# not ``expand``: a class token expanded over the batch is cut where it meets the tokens (``cat``)
+EMBEDDING_OPS = (RESHAPE_OPS - {"expand", "expand_as"}) | {"getitem"}
 
 
 def as_inputs(example_inputs) -> tuple:
@@ -284,6 +289,9 @@ class Walk:
         given = tensors(list(args) + list(kwargs.values()))
         inputs = [(t, self.get(t)) for t in given]
         inputs = [(t, m) for t, m in inputs if m is not None]
+        embedding = _embedding(self, args[0]) if not inputs and op in EMBEDDING_OPS and args else None
+        if embedding is not None:  # a position embedding reshaped or resampled before it is added
+            inputs = [(args[0], embedding)]
         try:
             self.follow(Step(op, c.func, args, kwargs, out, inputs))
         except GraphError:
@@ -454,6 +462,22 @@ class Walk:
             return None
         self.g.tie(first[1], x, f"{name} is called on channels it cannot pair with its first call's")
         return first[0]
+
+
+def _embedding(w: Walk, t) -> Map | None:
+    """A position embedding, a parameter (1, L, C) or (1, C, H, W), that the forward slices,
+    reshapes or resamples before adding it to the tokens (timm's ``dynamic_img_size``,
+    Hugging Face's DPT at another grid): its channels (C) followed from here, as the
+    tokens' once they meet, and the parameter cut along them (``scale``). None for
+    anything else, or inside a module kept (``ignore``)."""
+    owner = w.params.owner.get(id(t)) if isinstance(t, nn.Parameter) else None
+    if owner is None or t.dim() not in (3, 4) or t.shape[0] != 1 or w.in_ignored():
+        return None
+    dim = 2 if t.dim() == 3 else 1
+    m = Map([Seg(w.g.new_space(t.shape[dim]), 0, t.shape[dim], False)], dim=dim)
+    w.scale(*owner, dim, m)
+    w.set(t, m)
+    return m
 
 
 def _keep_compared(g, widths, found: list[tuple[str, str, int]]) -> None:
