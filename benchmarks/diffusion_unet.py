@@ -4,7 +4,9 @@ random timestep of a linear 1000-step schedule) on the CIFAR-10 copy, with the L
 GroupNorm gammas (``slimming.Sparsity``); pruned as it is called (``unet(x, t)``: 30% of the
 channels, or ``--percent``), then fine-tuned without the L1 term. Prints, per seed, the DDPM
 loss on a fixed held-out set of test images, noises and timesteps: trained, right after the
-cut, fine-tuned, and the parameters and FLOPs kept; then the mean and spread over the seeds.
+cut, fine-tuned, and the unpruned network trained as many steps more (the control: the
+fine-tuning's gain is partly more training), with the parameters and FLOPs kept; then the mean
+and spread over the seeds.
 Needs diffusers (in ``[dev]``); one CPU thread per process unless OMP_NUM_THREADS says otherwise.
 
     python benchmarks/diffusion_unet.py --data-root ../shared/data/cifar10-jpeg \\
@@ -107,15 +109,18 @@ def main() -> int:
         cut = held_out(result.model, batches)
         train(result.model, train_images, args.finetune_steps, args.batch_size, seed + 100)
         tuned = held_out(result.model, batches)
+        train(model, train_images, args.finetune_steps, args.batch_size, seed + 100)  # the control:
+        longer = held_out(model, batches)  # the unpruned network, trained the same steps more
         kept = sum(t.numel() for t in result.model.parameters())
         params = kept / sum(t.numel() for t in model.parameters())
         flops = count_flops(result.model, inputs=example) / count_flops(model, inputs=example)
-        rows.append((trained, cut, tuned, params, flops))
+        rows.append((trained, cut, tuned, longer, params, flops))
         print(f"seed {seed}: held-out DDPM loss trained {trained:.4f}, cut {cut:.4f}, "
-              f"fine-tuned {tuned:.4f}; "
+              f"fine-tuned {tuned:.4f}, unpruned trained as long {longer:.4f}; "
               f"{100 * params:.1f}% of the parameters and {100 * flops:.1f}% of the FLOPs kept; "
               f"{time.perf_counter() - start:.0f} s", flush=True)
-    for i, what in enumerate(("trained", "cut", "fine-tuned", "parameters kept", "FLOPs kept")):
+    for i, what in enumerate(("trained", "cut", "fine-tuned", "unpruned trained as long", "parameters kept",
+                              "FLOPs kept")):
         values = [r[i] for r in rows]
         spread = statistics.stdev(values) if len(values) > 1 else 0.0
         print(f"{what}: {statistics.mean(values):.4f} +- {spread:.4f} ({min(values):.4f}-{max(values):.4f})")
