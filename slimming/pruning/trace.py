@@ -68,7 +68,7 @@ from .register import DISPATCH, OP_ALIASES, calls
 from .register import register_op as register_op  # 0.2.0's path: slimming.pruning.trace.register_op
 from .traced import Traced
 
-# ops whose first use of a position embedding starts following its channels (``Walk.embedding``);
+# ops whose first use of a position embedding starts following its channels (``_embedding``);
 # not ``expand``: a class token expanded over the batch is cut where it meets the tokens (``cat``)
 EMBEDDING_OPS = (RESHAPE_OPS - {"expand", "expand_as"}) | {"getitem"}
 
