@@ -44,7 +44,9 @@ def count_flops(model: nn.Module, input_size: tuple[int, ...] = DEFAULT_INPUT_SI
     the forward on these inputs instead (a model of several: an image and a timestep)."""
     with modes_kept(model), FlopCounterMode(display=False) as counter:
         model.eval()
-        model(*inputs) if inputs is not None else model(torch.zeros(1, *input_size, device=_device(model)))
+        if inputs is None:
+            inputs = (torch.zeros(1, *input_size, device=_device(model)),)
+        model(*inputs)
     return int(counter.get_total_flops())
 
 

@@ -119,7 +119,6 @@ def check(original: nn.Module, result, example, tolerance: float = TOLERANCE, ou
     raise differs(diff, where)
 
 
-@torch.no_grad()
 def second_size(example):
     """The example at about three quarters of its height and width (each image-like input, (N,
     C, H, W) or longer); None where it has none. A width the cut set may also be read as a
