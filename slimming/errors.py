@@ -104,6 +104,16 @@ def number(value, param: str, *, integer: bool = False, low: float | None = None
 _TIME = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(ms|s)?\s*$", re.IGNORECASE)
 
 
+def as_fraction_hint(value) -> str:
+    """"; did you mean 0.7?" for a share written as a percentage (over 1, under 100) where a fraction in
+    [0, 1) is asked; "" for anything else."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return ""
+    return f"; did you mean {value / 100:g}?" if 1 < value < 100 else ""
+
+
 def parse_latency(value) -> tuple[str, float]:
     """A latency budget as ("fraction", f) for a number in (0, 1) (of the original's measured
     latency) or ("ms", v) for milliseconds: a number >= 1 or a string with its unit ("12ms",

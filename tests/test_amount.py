@@ -48,6 +48,19 @@ def test_what_is_no_amount_is_one_line_naming_its_parameter(given, param):
     assert e.value.params == ((param,) if isinstance(param, str) else param) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("value,hint", [(70, "; did you mean 0.7?"), (12.5, "; did you mean 0.125?"),
+                                        (1.0, ""), (100, ""), (250, ""), (-5, "")])
+def test_a_percentage_given_for_a_fraction_is_asked_about(value, hint):
+    """percent=70 (a percentage, where a fraction in [0, 1) is asked): "did you mean 0.7?", and
+    the model is not touched; 1 (all of them?) and what is no percentage get no guess."""
+    model = models.build("vgg", cfg=TINY_VGG)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(SlimmingError) as e:
+        slimming.prune(model, percent=value)
+    assert str(e.value) == f"percent must be in [0, 1), got {value}{hint}"
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
 def test_the_command_line_reads_an_amount_without_torch():
     code = ("import sys; from slimming.pruning.amount import Amount\n"
             "assert Amount.of(target_latency='12ms').unit == 'ms'\n"

@@ -114,6 +114,12 @@ def test_nin_trains_from_the_command_line(tmp_path, capsys):
     (["prune", "--checkpoint", "{junk}", "--percent", "0.5", "--save", "{tmp}/o"], "corrupt"),
     (["prune", "--checkpoint", "{ckpt}", "--percent", "0.5", "--save", "{junk}/o"], "is a file"),
     (["train", "--arch", "alexnet", "--save", "{tmp}/t", "--dataset", "synthetic"], "unknown arch"),
+    (["prune", "--checkpoint", "{ckpt}", "--percent", "70", "--save", "{tmp}/o"], "did you mean 0.7?"),
+    # resnet18: torchvision's, no pre-activation ResNet of depth 18 (9n+2)
+    (["train", "--arch", "resnet18", "--save", "{tmp}/t"], "'resnet18'; did you mean torchvision:resnet18"),
+    (["train", "--arch", "vgg16", "--save", "{tmp}/t"],
+     "did you mean --arch vgg --depth 16 or torchvision:vgg16"),
+    (["train", "--arch", "resnet20", "--save", "{tmp}/t"], "did you mean --arch resnet --depth 20?"),
     (["train", "--arch", "vgg", "--cfg", "8,X", "--save", "{tmp}/t"], "cfg"),
     (["train", "--epochs", "0", "--save", "{tmp}/t"], "positive integer"),
     (["train", "--lr", "-1", "--save", "{tmp}/t"], "positive"),
@@ -138,6 +144,21 @@ def test_user_errors_are_one_line_exit_2(argv, needle, tmp_path, sparse_run, cap
     assert len(lines) == 1 and "Traceback" not in err, err
     assert needle in lines[0]
     assert not (tmp_path / "o").exists() and not (tmp_path / "t").exists()
+
+
+def test_a_latency_without_its_unit_is_said_to_be_milliseconds_once(capsys):
+    """--target-latency 5 means 5 ms (a number >= 1): one note on stderr says so, once (the
+    line is read twice: first for --config); 5ms and a fraction need no note."""
+    from slimming.cli.parser import read_args
+
+    for value, noted in (("5", True), ("5ms", False), ("0.5", False), ("12.5", True), ("5", True)):
+        for argv in (["prune", "--checkpoint", "c.pth"], ["pipeline"]):
+            args = read_args([*argv, "--target-latency", value, "--save", "o"])
+            assert args.target_latency == value
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert lines == ([f"note: --target-latency {value} is read as {float(value):g} ms (write "
+                              f"{float(value):g}ms to say so; a fraction of the unpruned model's latency "
+                              "is under 1, such as 0.5)"] if noted else []), lines
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

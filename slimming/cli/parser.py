@@ -15,7 +15,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..errors import SlimmingError, clip, first_line, parse_latency
+from ..errors import SlimmingError, as_fraction_hint, clip, first_line, parse_latency
 from ..version import __version__
 
 CONFIG_MAX_BYTES = 64 * 1024
@@ -86,7 +86,16 @@ positive_int = _number(int, 1, True, "a positive integer")
 count = _number(int, 0, True, ">= 0")
 positive_float = _number(float, 0.0, False, "positive")
 nonneg_float = _number(float, 0.0, True, ">= 0")
-fraction = _number(float, 0.0, True, "in [0, 1)", high=1.0)
+_fraction = _number(float, 0.0, True, "in [0, 1)", high=1.0)
+
+
+def fraction(text: str) -> float:
+    """A fraction in [0, 1); a percentage given instead (70) is asked about ("did you mean 0.7?")."""
+    try:
+        return _fraction(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e}{as_fraction_hint(text)}") from None
+
 seed = _number(int, 0, True, "in [0, 2**63)", high=2**63)
 
 
@@ -99,9 +108,49 @@ def arch_name(text: str) -> str:
     families = registered("slimming.models.registry", "FAMILIES")
     if name not in families:
         names = sorted({*families, *registered("slimming.models.registry", "ALIASES")})
-        raise argparse.ArgumentTypeError(f"unknown arch {text!r}; choose one of: {', '.join(names)}, "
-                                         "or torchvision:NAME, timm:NAME, package.module:function")
+        raise argparse.ArgumentTypeError(f"unknown arch {text!r}{_arch_hint(text)}; choose one of: "
+                                         f"{', '.join(names)}, or torchvision:NAME, timm:NAME, "
+                                         "package.module:function")
     return name
+
+
+def _depth_of(family: str, depth: int) -> bool:
+    """Whether ``depth`` is one the shipped ``family`` is built at (vgg19: VGG-19; resnet18 is no
+    9n+2 pre-activation ResNet)."""
+    from slimming.models import densenet, preresnet, vgg
+
+    try:
+        if family == "vgg":
+            return depth in vgg.DEFAULT_CFGS
+        check = {"preresnet": preresnet.blocks_per_stage, "densenet": densenet.layers_per_block}.get(family)
+        return check is not None and check(depth) > 0
+    except ValueError:
+        return False
+
+
+def _arch_hint(text: str) -> str:
+    """"; did you mean torchvision:resnet18?" where torchvision or timm (if installed) has a
+    network of that name, and "--arch vgg --depth 19" where the name is a family with its depth;
+    "" where none has. Asked only on the way to an error: torchvision and timm are slow imports."""
+    found = []
+    family, digits = text.rstrip("0123456789"), text[len(text.rstrip("0123456789")):]
+    if digits and _depth_of(family_name(family), int(digits)):
+        found.append(f"--arch {family} --depth {digits}")
+    try:
+        import torchvision
+
+        if text in torchvision.models.list_models():
+            found.append(f"torchvision:{text}")
+    except Exception:  # noqa: BLE001 (not installed, or broken: no hint)
+        pass
+    try:
+        import timm
+
+        if timm.is_model(text):
+            found.append(f"timm:{text}")
+    except Exception:  # noqa: BLE001 (an optional extra)
+        pass
+    return f"; did you mean {' or '.join(found)}?" if found else ""
 
 
 def json_object(text: str) -> dict:
@@ -135,11 +184,26 @@ def latency(text: str) -> str:
     """A latency budget: a fraction in (0, 1) of the original's, or a time (12ms, 0.012s, or a
     number >= 1, in milliseconds), as ``parse_latency`` reads it; given to the library as written."""
     try:
-        parse_latency(text)
+        unit, value = parse_latency(text)
     except SlimmingError:
         raise argparse.ArgumentTypeError(f"{clip(text)!r}: give a fraction such as 0.5 or a time such as "
                                          "12ms") from None
+    if unit == "ms" and _is_number(text) and text not in _NOTED:  # 5 alone: milliseconds, said once
+        _NOTED.add(text)  # (argparse converts a value twice where --config is read first)
+        print(f"note: --target-latency {text.strip()} is read as {value:g} ms (write {value:g}ms to say so; "
+              "a fraction of the unpruned model's latency is under 1, such as 0.5)", file=sys.stderr)
     return text.strip()
+
+
+_NOTED: set[str] = set()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def round_to(text: str) -> int | str:
@@ -613,6 +677,7 @@ def read_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The arguments of one command line (``sys.argv[1:]`` by default), its ``--config`` applied
     as defaults; a typo, a bad value or ``--help`` exits here, before torch is imported."""
     parser = build_parser()
+    _NOTED.clear()  # each command line's notes once
     argv = list(sys.argv[1:] if argv is None else argv)
     check_spelling(parser, argv)
     apply_config(parser, argv)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import SlimmingError, number, parse_latency
+from ..errors import SlimmingError, as_fraction_hint, number, parse_latency
 
 KINDS = ("percent", "threshold", "target_flops", "target_params", "target_latency")
 
@@ -50,7 +50,8 @@ class Amount:
         number(value, kind)  # a number at all ("0.5", True, nan are not): the ranges below
         if kind == "percent":
             if not 0 <= value < 1:
-                raise SlimmingError(f"percent must be in [0, 1), got {value}", param="percent")
+                raise SlimmingError(f"percent must be in [0, 1), got {value}{as_fraction_hint(value)}",
+                                    param="percent")
             return cls(kind, float(value), "share", value)
         if kind == "threshold":
             if not 0 <= value < math.inf:
