@@ -298,6 +298,53 @@ def test_fast_and_torchvision_loaders_agree_on_an_imagefolder(tmp_path):
     assert sorted(epoch(fast[0])[1].tolist()) == sorted(epoch(slow[0])[1].tolist())
 
 
+@pytest.mark.parametrize("loader", ["fast", "torchvision"])
+def test_limit_takes_the_first_images_of_each_class(tmp_path, loader):
+    """``limit=N``: the first N images of each class in each split, in the folder's sorted order
+    (the test images are the whole set's first of each class, bit for bit, at a fixed
+    normalisation: "dataset" measures the part's own training images); a limit above a class's
+    count keeps it whole; another source is refused in one line naming ``limit``."""
+    root = make_folder(tmp_path / "images", n_train=4, n_test=3)
+    cache = tmp_path / "cache"
+    whole = build_loaders("imagefolder", root, batch_size=4, seed=0, cache_dir=cache, loader=loader,
+                          norm="imagenet")
+    xw, yw = epoch(whole[1])
+    for limit in (1, 2, 5):
+        part = build_loaders("imagefolder", root, batch_size=4, seed=0, cache_dir=cache, loader=loader,
+                             norm="imagenet", limit=limit)
+        counts = {"train": min(limit, 4) * 3, "test": min(limit, 3) * 2 + min(limit, 6)}
+        assert part[0].num_samples == counts["train"] and part[1].num_samples == counts["test"]
+        first = torch.cat([torch.nonzero(yw == c).flatten()[:limit] for c in range(3)])
+        xp, yp = epoch(part[1])
+        assert torch.equal(yp, yw[first]) and torch.equal(xp, xw[first])
+        assert sorted(epoch(part[0])[1].tolist()) == [c for c in range(3) for _ in range(min(limit, 4))]
+    for name, where in (("synthetic", None), ("imagefolder", root)):
+        with pytest.raises(DataError) as e:
+            build_loaders(name, where, limit=0 if name == "imagefolder" else 3)
+        assert e.value.params == ("limit",) and "\n" not in str(e.value)
+
+
+def test_limit_from_the_command_line(tmp_path, capsys):
+    """--limit N reaches train (its config), eval and the other commands' loaders."""
+    from conftest import TINY_VGG
+
+    from slimming.cli import main
+    from slimming.cli.parser import read_args
+    from slimming.training.config import TrainConfig
+
+    root = make_folder(tmp_path / "images", n_train=2, n_test=3)
+    assert TrainConfig.from_args(read_args(["train", "--limit", "1", "--save", "x"])).limit == 1
+    common = ["--dataset", "imagefolder", "--data-root", str(root), "--cpu", "--workers", "0"]
+    cfg = ",".join(map(str, TINY_VGG))
+    assert main(["train", "--arch", "vgg", "--cfg", cfg, "--epochs", "1", "--limit", "1", "--save",
+                 str(tmp_path / "run"), *common]) == 0
+    for limit, images in (("1", 3), ("2", 6), ("9", 12)):
+        capsys.readouterr()
+        checkpoint = str(tmp_path / "run" / "last.pth")
+        assert main(["eval", "--checkpoint", checkpoint, "--limit", limit, *common]) == 0
+        assert f"({images} test images of imagefolder" in capsys.readouterr().out
+
+
 def test_cifar_arrays_become_nchw(tmp_path, monkeypatch):
     import torchvision.datasets
 

@@ -243,6 +243,9 @@ def add_data_flags(p: argparse.ArgumentParser, dataset_default: str | None = "ci
                    "~/.cache/slimming/data; for imagefolder a folder with train/<class>/* and "
                    "test/<class>/*, or an image pack made by benchmarks/pack_images.py)")
     g.add_argument("--download", action="store_true", help="download CIFAR if it is missing")
+    g.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="only the first N images of each class, in each split, of an image folder "
+                   "(a quick try on part of a real folder; its files in sorted order)")
     g.add_argument("--batch-size", type=positive_int, default=64, help="images per step, per process")
     g.add_argument("--loader", choices=("fast", "torchvision"), default="fast",
                    help="fast: decoded images held in memory (on the GPU when training there), "

@@ -345,15 +345,21 @@ class Plan:
     norm: tuple
 
 
-def plan(name: str, root, download: bool, cache_dir, image_size, norm) -> Plan:
+def plan(name: str, root, download: bool, cache_dir, image_size, norm, limit=None) -> Plan:
     """The ``Plan`` for the arguments of ``build_loaders``/``build_datasets``; an image folder's
     headers are all read (or their cached sizes) here, a pack's index (``slimming.data.packed``:
-    a file, not a folder)."""
+    a file, not a folder). ``limit``: the first N images of each class of an image folder."""
     root = _resolve_root(name, root)
     image_size, norm = _image_size(image_size), _norm(norm)
     data = source(name)
+    if limit is not None:
+        limit = _count("limit", limit, 1)
+        if not data.files or os.path.isfile(root):
+            what = "an image pack" if data.files else f"{name}"
+            raise DataError(f"limit takes the first images of each class of an image folder; {what} is "
+                            "read whole", param="limit")
     if data.files:
-        folder = read_pack(root) if os.path.isfile(root) else scan_folder(list_folder(root), cache_dir)
+        folder = read_pack(root) if os.path.isfile(root) else scan_folder(list_folder(root, limit), cache_dir)
         sizes = folder.sizes
     else:  # its images are all size x size: that, unless asked otherwise
         folder, sizes = None, Counter({(data.size, data.size): data.count})
@@ -396,7 +402,7 @@ def _datasets(p: Plan, workers: int, say: bool):
 
 def build_datasets(name: str, root: str | os.PathLike | None = None, download: bool = False, *,
                    image_size: int | None = None, norm="dataset",
-                   cache_dir: str | os.PathLike | None = None, workers: int = 0):
+                   cache_dir: str | os.PathLike | None = None, workers: int = 0, limit: int | None = None):
     """(train set, test set, number of classes) for dataset ``name`` under ``root``, items
     ``(float32 (3, N, N), label)``; both sets' ``info`` is the ``DataInfo`` they were made with.
     ``image_size`` N (None: 32 when every image is 32x32, else 224) and ``norm`` ("dataset",
@@ -404,9 +410,10 @@ def build_datasets(name: str, root: str | os.PathLike | None = None, download: b
     checked from their headers here (tens of microseconds each; remembered in ``cache_dir`` for
     an unchanged folder, as its measured mean and std are), so a bad one stops the run now, not
     in the middle of an epoch. ``workers`` processes read the images whose mean and std are
-    measured."""
+    measured. ``limit``: only the first N images of each class in each split of an image folder
+    (as ``build_loaders``)."""
     workers = _count("workers", workers, 0)
-    return _datasets(plan(name, root, download, cache_dir, image_size, norm), workers, True)[:3]
+    return _datasets(plan(name, root, download, cache_dir, image_size, norm, limit), workers, True)[:3]
 
 
 # --------------------------------------------------------------------------- whole datasets as tensors
@@ -443,7 +450,7 @@ def build_loaders(name: str, root: str | os.PathLike | None = None, batch_size: 
                   workers: int = 0, download: bool = False, seed: int | None = None,
                   pin_memory: bool = False, loader: str = "fast", device: str | torch.device = "cpu",
                   rank: int = 0, world_size: int = 1, cache_dir: str | os.PathLike | None = None,
-                  image_size: int | None = None, norm="dataset"):
+                  image_size: int | None = None, norm="dataset", limit: int | None = None):
     """(train loader, test loader, number of classes) for this ``rank`` of ``world_size``.
     Batches are float32 (B, 3, N, N), N = ``image_size``; both loaders' ``info`` is the
     ``DataInfo`` saying how they were made (N, recipe, mean and std, loader).
@@ -453,7 +460,9 @@ def build_loaders(name: str, root: str | os.PathLike | None = None, batch_size: 
     others are resized (RandomResizedCrop for training, resize + centre crop for evaluation).
     ``norm``: "dataset" (CIFAR's and the synthetic set's constants; an image folder's training
     images measured once, cached), "imagenet", or an explicit ``(mean, std)`` pair (say, the one
-    a checkpoint recorded).
+    a checkpoint recorded). ``limit``: only the first N images of each class, in each split, of
+    an image folder (in its sorted order: a quick try on part of a real folder); a DataError for
+    another source.
 
     ``loader="fast"``: two TensorLoaders holding the data on ``device`` (``workers`` and
     ``pin_memory`` unused), when the images are all NxN and decoded fit under
@@ -471,7 +480,7 @@ def build_loaders(name: str, root: str | os.PathLike | None = None, batch_size: 
     seed = pick_seed(seed, world_size)
     test_batch = max(256, batch_size)
     say = rank == 0
-    p = plan(name, root, download, cache_dir, image_size, norm)
+    p = plan(name, root, download, cache_dir, image_size, norm, limit)
     if loader == "fast":
         why = _not_fast(p.sizes, p.image_size, p.resize)
         if why is None:

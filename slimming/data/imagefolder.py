@@ -122,9 +122,23 @@ class Listing:
     key: str
 
 
-def list_folder(root: Path) -> Listing:
+def list_folder(root: Path, limit: int | None = None) -> Listing:
+    """The folder's splits; ``limit``: only the first ``limit`` images of each class in each
+    split, in the listing's (sorted) order, for a quick try on part of a real folder."""
     classes, train, test, split = _list_imagefolder(root)
+    if limit is not None:
+        train, test = _first_of_each_class(train, limit), _first_of_each_class(test, limit)
     return Listing(root, classes, train, test, split, _listing_key(root, train + test))
+
+
+def _first_of_each_class(samples: list[tuple[str, int]], limit: int) -> list[tuple[str, int]]:
+    seen: Counter = Counter()
+    kept = []
+    for path, label in samples:
+        if seen[label] < limit:
+            seen[label] += 1
+            kept.append((path, label))
+    return kept
 
 
 # --------------------------------------------------------------------------- caches

@@ -26,6 +26,7 @@ class TrainConfig:
     workers: int = 2
     image_size: int | None = None
     norm: str | tuple | None = None  # "dataset", "imagenet" or ((mean,) * 3, (std,) * 3)
+    limit: int | None = None  # an image folder's first N images of each class, in each split
     # optimisation (slimming.training.engine)
     opt: str = "sgd"
     lr: float = 0.1

@@ -144,7 +144,7 @@ def loaders(args, device: torch.device, dist: DistInfo | None = None, image_size
                          args.download, getattr(args, "seed", None), device.type == "cuda",
                          loader=args.loader, device=device, rank=dist.rank,
                          world_size=dist.world_size, image_size=args.image_size or image_size,
-                         norm=args.norm or "dataset")
+                         norm=args.norm or "dataset", limit=getattr(args, "limit", None))
 
 
 def native_size(arch: str | None) -> int | None:
