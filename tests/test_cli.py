@@ -358,6 +358,14 @@ def test_eval_and_sweep_default_to_the_data_the_checkpoint_was_trained_on(sparse
     code, out, err = run(capsys, "sweep", "--checkpoint", sparse_run / "best.pth", "--percents", "0.5",
                          "--save", tmp_path / "s", "--cpu")
     assert code == 0, err
+    from slimming.tools import plots
+
+    with pytest.MonkeyPatch.context() as mp:  # without matplotlib: no picture, and a word why
+        mp.setattr(plots, "available", lambda: False)
+        code, out, err = run(capsys, "sweep", "--checkpoint", sparse_run / "best.pth", "--percents", "0.5",
+                             "--save", tmp_path / "s2", "--cpu")
+    assert code == 0 and not (tmp_path / "s2" / "sweep.png").exists(), err
+    assert f"no sweep.png: {plots.MISSING}" in out and "pip install matplotlib" in plots.MISSING
     code, _, err = run(capsys, "eval", "--checkpoint", sparse_run / "best.pth", "--dataset", "cifar10",
                        "--data-root", tmp_path / "none", "--cpu")
     assert code == 2 and "cifar10 not found" in err  # a flag given still wins
@@ -472,3 +480,20 @@ def test_prune_under_inference_mode_is_the_prune_outside_it():
         inside = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 32, 32))
     assert inside.cfg == outside.cfg and inside.verified is not None
     assert all(not p.is_inference() and p.requires_grad for p in inside.model.parameters())
+
+
+def test_the_depths_the_hints_offer_are_the_families_own():
+    """The command line's depth rules (read before torch is imported) are the families'."""
+    from slimming.cli.parser import DEPTHS
+    from slimming.models import densenet, preresnet, vgg
+
+    def builds(check, depth):
+        try:
+            return check(depth) > 0
+        except ValueError:
+            return False
+
+    for depth in range(1, 1010):
+        assert DEPTHS["vgg"](depth) == (depth in vgg.DEFAULT_CFGS)
+        assert DEPTHS["preresnet"](depth) == builds(preresnet.blocks_per_stage, depth), depth
+        assert DEPTHS["densenet"](depth) == builds(densenet.layers_per_block, depth), depth

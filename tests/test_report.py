@@ -466,4 +466,23 @@ def test_write_sweep_files(tmp_path):
     assert csv_lines[2].endswith(",false")
     md = (save / "sweep.md").read_text()
     assert "| 0 (unpruned) | 0.001M | 100.0% |" in md and "| 0.5 | 0.000M | 40.0% |" in md
+    assert md.startswith("| channels removed | params |")
     assert json.loads((save / "sweep.json").read_text()) == rows
+
+
+def test_a_budget_sweep_says_what_was_asked_and_flags_a_miss(tiny_vgg, tmp_path):
+    """A sweep of FLOPs budgets: each row has the budget asked and whether the cut met it, in
+    cells of their own (sweep.md: one measurement per cell); a row whose cut missed its budget
+    is flagged **missed**."""
+    gen = torch.Generator().manual_seed(0)
+    loader = [(torch.randn(16, 3, 32, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))]
+    rows = sweep(tiny_vgg.eval(), loader, torch.device("cpu"), [0.9, 0.5], axis="flops")
+    assert [(r.get("target"), r.get("met")) for r in rows] == [(None, None), (0.5, True), (0.9, True)]
+    assert rows[1]["flops_kept"] <= 0.5 and rows[2]["flops_kept"] <= 0.9
+    rows[1]["met"] = False  # as a budget's cut that ended above it
+    write_sweep(rows, tmp_path)
+    lines = (tmp_path / "sweep.md").read_text().splitlines()
+    assert lines[0].startswith("| budget asked | met | channels removed | params |")
+    assert lines[2].startswith("| - | - | 0 (unpruned) |")
+    assert lines[3].startswith("| 0.5 | **missed** | ") and lines[4].startswith("| 0.9 | yes | ")
+    assert all(line.count("|") == lines[0].count("|") for line in lines)

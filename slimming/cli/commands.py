@@ -416,13 +416,16 @@ def cmd_sweep(args) -> None:
             f"percent {r['percent']:<5g}" if axis == "percent" else f"{axis} {r['target']:<5g}")
         latency = f"  latency {r['latency_ms']:.3g} +- {r['latency_ms_spread']:.2g} ms" \
             if "latency_ms" in r else ""
-        if r.get("met") is False:
+        if r.get("met") is False and axis == "latency":
             latency += (f" (missed: {r['latency_kept']:.3f} +- {r['latency_kept_spread']:.3f} of the "
                         "original's)")
+        missed = "  (missed)" if r.get("met") is False and axis != "latency" else ""
         print(f"{what} params kept {100 * r['params_kept']:5.1f}%  FLOPs kept "
-              f"{100 * r['flops_kept']:5.1f}%{latency}  top-1 {r['acc']:.2f}%")
+              f"{100 * r['flops_kept']:5.1f}%{missed}{latency}  top-1 {r['acc']:.2f}%")
     written = write_sweep(rows, args.save)
     print("wrote " + ", ".join(str(p) for p in written))
+    if not plots.available():
+        print(f"no sweep.png: {plots.MISSING}")
 
 
 def cmd_export(args) -> None:

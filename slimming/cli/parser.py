@@ -114,18 +114,16 @@ def arch_name(text: str) -> str:
     return name
 
 
+# the depths each shipped family is built at, as --depth's help says (models/: vgg.DEFAULT_CFGS,
+# preresnet.blocks_per_stage, densenet.layers_per_block), here without importing torch
+DEPTHS = {"vgg": lambda d: d in (11, 13, 16, 19), "preresnet": lambda d: 11 <= d <= 1001 and (d - 2) % 9 == 0,
+          "densenet": lambda d: 7 <= d <= 301 and (d - 4) % 3 == 0}
+
+
 def _depth_of(family: str, depth: int) -> bool:
     """Whether ``depth`` is one the shipped ``family`` is built at (vgg19: VGG-19; resnet18 is no
     9n+2 pre-activation ResNet)."""
-    from slimming.models import densenet, preresnet, vgg
-
-    try:
-        if family == "vgg":
-            return depth in vgg.DEFAULT_CFGS
-        check = {"preresnet": preresnet.blocks_per_stage, "densenet": densenet.layers_per_block}.get(family)
-        return check is not None and check(depth) > 0
-    except ValueError:
-        return False
+    return family in DEPTHS and DEPTHS[family](depth)
 
 
 def _arch_hint(text: str) -> str:

@@ -18,7 +18,7 @@ import torch
 
 from ..utils.files import write_bytes
 
-MISSING = "matplotlib is not installed: pip install -e \".[plot]\" for the pictures"
+MISSING = "matplotlib is not installed: pip install matplotlib (the plot extra) for the pictures"
 DPI = 110
 # The stage colours, the same in every picture.
 COLORS = {"baseline": "tab:gray", "sparse": "tab:blue", "pruned": "tab:red", "finetuned": "tab:green"}

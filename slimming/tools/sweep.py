@@ -126,6 +126,8 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
                "flops_kept": flops / flops0, "acc": m["acc"], "loss": m["loss"], "reference": False}
         if axis != "percent":
             row["target"] = p
+        if axis in ("flops", "params"):
+            row["met"] = result.budget.met
         if axis == "latency":
             b = result.budget
             row.update(latency_ms=b.ms, latency_ms_spread=b.ms_spread, latency_kept=b.ratio,
@@ -148,25 +150,35 @@ def _csv(rows: list[dict]) -> str:
 
 
 def _markdown(rows: list[dict]) -> str:
+    """One measurement per cell: the budget asked (where the points are budgets) and whether
+    the cut met it, the share of channels removed, the counts and what they keep, the latency
+    and its share of the original's (each +- its spread), the accuracy."""
     timed = any("latency_ms" in r for r in rows)
-    lines = ["| percent removed | params | params kept | FLOPs | FLOPs kept | "
-             + ("latency (measured) | of the original's | " if timed else "") + "top-1 (no fine-tune) |",
-             "|---|---|---|---|---|" + ("---|---|" if timed else "") + "---|"]
+    budgets = any("target" in r for r in rows)
+    head = ["channels removed", "params", "params kept", "FLOPs", "FLOPs kept"]
+    head = (["budget asked", "met"] if budgets else []) + head
+    head += ["latency (measured)", "of the original's"] if timed else []
+    head += ["top-1 (no fine-tune)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        percent = "0 (unpruned)" if r.get("reference") else f"{r['percent']:g}"
-        latency = ""
+        cells = []
+        if budgets:
+            asked = "-" if r.get("reference") else f"{r['target']:g}"
+            cells += [asked, "-" if r.get("reference") else ("yes" if r.get("met", True) else "**missed**")]
+        cells += ["0 (unpruned)" if r.get("reference") else f"{r['percent']:g}",
+                  f"{r['params'] / 1e6:.3f}M", f"{100 * r['params_kept']:.1f}%", f"{r['flops']:.3e}",
+                  f"{100 * r['flops_kept']:.1f}%"]
         if timed:
-            missed = "" if r.get("met", True) else f" (asked {r['target']:g}: missed)"
-            latency = (f"{r['latency_ms']:.3g} +- {r.get('latency_ms_spread', 0):.2g} ms | "
-                       f"{r['latency_kept']:.3f} +- {r.get('latency_kept_spread', 0):.3f}{missed} | ")
-        lines.append(f"| {percent} | {r['params'] / 1e6:.3f}M | {100 * r['params_kept']:.1f}% | "
-                     f"{r['flops']:.3e} | {100 * r['flops_kept']:.1f}% | {latency}{r['acc']:.2f}% |")
+            cells += [f"{r['latency_ms']:.3g} +- {r.get('latency_ms_spread', 0):.2g} ms",
+                      f"{r['latency_kept']:.3f} +- {r.get('latency_kept_spread', 0):.3f}"]
+        cells.append(f"{r['acc']:.2f}%")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_sweep(rows: list[dict], save: str | os.PathLike) -> list[Path]:
-    """sweep.csv, sweep.json, sweep.md and (with matplotlib) sweep.png in ``save``, each
-    written atomically (slimming.utils.files)."""
+    """sweep.csv, sweep.json, sweep.md and (with matplotlib, ``plots.available()``) sweep.png
+    in ``save``, each written atomically (slimming.utils.files); the paths written."""
     save = Path(save)
     save.mkdir(parents=True, exist_ok=True)
     write_text(save / "sweep.csv", _csv(rows))
