@@ -39,6 +39,11 @@ class DataError(SlimmingError):
     """A dataset that cannot be read as asked."""
 
 
+class BudgetError(SlimmingError):
+    """A FLOPs, parameter or latency budget that no cut reaches: the smallest network the limits
+    (min_channels, max_layer_prune, round_to) allow is above it (a sweep records it as missed)."""
+
+
 class ExportError(SlimmingError):
     """An export that failed or does not reproduce the model."""
 

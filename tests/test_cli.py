@@ -366,6 +366,9 @@ def test_eval_and_sweep_default_to_the_data_the_checkpoint_was_trained_on(sparse
                              "--save", tmp_path / "s2", "--cpu")
     assert code == 0 and not (tmp_path / "s2" / "sweep.png").exists(), err
     assert f"no sweep.png: {plots.MISSING}" in out and "pip install matplotlib" in plots.MISSING
+    code, out, err = run(capsys, "sweep", "--checkpoint", sparse_run / "best.pth", "--target-flops",
+                         "0.01,0.9", "--max-layer-prune", "0.5", "--save", tmp_path / "s3", "--cpu")
+    assert code == 0 and "flops 0.01  missed: a budget of " in out and "flops 0.9" in out, err
     code, _, err = run(capsys, "eval", "--checkpoint", sparse_run / "best.pth", "--dataset", "cifar10",
                        "--data-root", tmp_path / "none", "--cpu")
     assert code == 2 and "cifar10 not found" in err  # a flag given still wins

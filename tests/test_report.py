@@ -472,17 +472,23 @@ def test_write_sweep_files(tmp_path):
 
 def test_a_budget_sweep_says_what_was_asked_and_flags_a_miss(tiny_vgg, tmp_path):
     """A sweep of FLOPs budgets: each row has the budget asked and whether the cut met it, in
-    cells of their own (sweep.md: one measurement per cell); a row whose cut missed its budget
-    is flagged **missed**."""
+    cells of their own (sweep.md: one measurement per cell); a budget no cut reaches under
+    max_layer_prune is a row flagged **missed** that says why, and the sweep goes on; a row
+    whose cut ended above its budget is flagged too; the picture leaves the missed row out."""
     gen = torch.Generator().manual_seed(0)
     loader = [(torch.randn(16, 3, 32, 32, generator=gen), torch.randint(0, 10, (16,), generator=gen))]
-    rows = sweep(tiny_vgg.eval(), loader, torch.device("cpu"), [0.9, 0.5], axis="flops")
-    assert [(r.get("target"), r.get("met")) for r in rows] == [(None, None), (0.5, True), (0.9, True)]
-    assert rows[1]["flops_kept"] <= 0.5 and rows[2]["flops_kept"] <= 0.9
-    rows[1]["met"] = False  # as a budget's cut that ended above it
+    rows = sweep(tiny_vgg.eval(), loader, torch.device("cpu"), [0.9, 0.05, 0.6], axis="flops",
+                 options={"max_layer_prune": 0.5})
+    assert [(r.get("target"), r.get("met")) for r in rows] == [(None, None), (0.05, False), (0.6, True),
+                                                               (0.9, True)]
+    assert rows[1]["acc"] is None and "cannot be met" in rows[1]["missed"] and "\n" not in rows[1]["missed"]
+    assert rows[2]["flops_kept"] <= 0.6 and rows[3]["flops_kept"] <= 0.9
+    rows[2]["met"] = False  # as a budget's cut that ended above it
     write_sweep(rows, tmp_path)
     lines = (tmp_path / "sweep.md").read_text().splitlines()
     assert lines[0].startswith("| budget asked | met | channels removed | params |")
     assert lines[2].startswith("| - | - | 0 (unpruned) |")
-    assert lines[3].startswith("| 0.5 | **missed** | ") and lines[4].startswith("| 0.9 | yes | ")
+    assert lines[3].startswith("| 0.05 | **missed** | no cut reaches it: a budget of ")
+    assert lines[4].startswith("| 0.6 | **missed** | ") and lines[5].startswith("| 0.9 | yes | ")
     assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert json.loads((tmp_path / "sweep.json").read_text()) == rows

@@ -412,6 +412,9 @@ def cmd_sweep(args) -> None:
     rows = sweep(model.to(device).eval(), test_loader, device, points, args.min_channels,
                  input_size_of(model), axis=axis, options=options, repair=repair)
     for r in rows:
+        if r.get("acc") is None:  # a budget no cut reached
+            print(f"{axis} {r['target']:<5g} missed: {r['missed']}")
+            continue
         what = "unpruned     " if r.get("reference") else (
             f"percent {r['percent']:<5g}" if axis == "percent" else f"{axis} {r['target']:<5g}")
         latency = f"  latency {r['latency_ms']:.3g} +- {r['latency_ms_spread']:.2g} ms" \

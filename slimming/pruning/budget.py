@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..errors import SlimmingError, first_line, number
+from ..errors import BudgetError, SlimmingError, first_line, number
 from ..measure.stats import count_flops, count_params
 from ..utils.modules import modes_kept
 from .graph import GraphError
@@ -120,7 +120,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, amount, limits: dict, 
     try:
         best = at(hi)
         if best[1] > target:
-            raise SlimmingError(f"a budget of {target:.4g} {_NAME[what]} cannot be met: the smallest network "
+            raise BudgetError(f"a budget of {target:.4g} {_NAME[what]} cannot be met: the smallest network "
                                 f"min_channels, max_layer_prune and round_to allow has {best[1]:.4g}",
                                 param=("min_channels", "max_layer_prune", "round_to"))
         while lo < hi:  # the smallest k whose network meets the budget

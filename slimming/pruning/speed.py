@@ -37,7 +37,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..errors import SlimmingError
+from ..errors import BudgetError, SlimmingError
 from ..measure import timing
 from ..measure.latency import LatencyModel
 from ..utils.modules import modes_kept
@@ -365,7 +365,7 @@ def _by_measurement(plan, allowed, limits: dict, unit: str, asked: float, trial)
     best = at(hi)
     if best[1] is not None and best[1] > asked + best[2]:
         what = " of the original's latency" if unit == "fraction" else " ms"
-        raise SlimmingError(f"a latency of {asked:g}{what} cannot be met: the smallest network "
+        raise BudgetError(f"a latency of {asked:g}{what} cannot be met: the smallest network "
                             f"min_channels, max_layer_prune and round_to allow runs at {best[1]:.3g}{what}, "
                             "measured (interleaved with the original)",
                             param=("target_latency", "min_channels", "max_layer_prune", "round_to"))

@@ -245,12 +245,12 @@ def sweep_figure(rows: Sequence[Mapping]):
     a dashed horizontal line at its accuracy, so the cost of each percent reads off directly.
     """
     kinds = [("params_kept", "parameters"), ("flops_kept", "FLOPs")]
-    if all("latency_kept" in r for r in rows):  # a latency sweep: the latency as measured
+    if all("latency_kept" in r for r in rows if r.get("acc") is not None):  # a latency sweep
         kinds.append(("latency_kept", "measured latency"))
     fig = _figure(5.5 * len(kinds), 4.5)
     axes = fig.subplots(1, len(kinds), sharey=True)
     reference = next((r for r in rows if r.get("reference")), None)
-    points = [r for r in rows if not r.get("reference")]
+    points = [r for r in rows if not r.get("reference") and r.get("acc") is not None]  # not the missed
     for ax, (key, label) in zip(axes, kinds):
         ax.plot([100 * r[key] for r in points], [r["acc"] for r in points], marker="o",
                 markersize=4, color=COLORS["pruned"], label="pruned, no fine-tune")

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from ..errors import SlimmingError
+from ..errors import BudgetError, SlimmingError, first_line
 from ..measure.stats import DEFAULT_INPUT_SIZE, count_flops, count_params
 from ..pruning.prune import prune
 from ..training.engine import evaluate
@@ -96,7 +96,9 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
     threshold None, everything kept, ``"reference": True``. Then one row per point above 0
     (percent 0 removes nothing: it is the reference row), in increasing order: the |gamma|
     threshold, params, FLOPs, their fractions kept, and the test accuracy (%) and loss of the
-    pruned network, before any fine-tuning (``"reference": False``).
+    pruned network, before any fine-tuning (``"reference": False``). A budget no cut reaches (the
+    smallest network the limits allow is above it) is a row of its own with ``met`` False, its
+    measurements None and ``missed`` saying why, and the sweep goes on.
 
     ``axis``: "percent" (the points are fractions of channels removed), "flops", "params" or
     "latency" (the points are budgets, fractions of the unpruned count or measured latency:
@@ -115,7 +117,12 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
     points = [p for p in sorted(set(percents)) if p != 0]
     for p in tqdm(points, desc=f"sweep ({axis})", unit="point", leave=False, dynamic_ncols=True,
                   disable=None):
-        result = prune(model, **{keyword: p}, min_channels=min_channels, **(options or {}))
+        try:
+            result = prune(model, **{keyword: p}, min_channels=min_channels, **(options or {}))
+        except BudgetError as e:  # no cut reaches it: a row that says so, and the sweep goes on
+            rows.append({**{k: None for k in FIELDS}, "reference": False, "target": p, "met": False,
+                         "missed": first_line(e, 200)})
+            continue
         if repair is not None:
             repair(result.model)
         m = evaluate(result.model.to(device), test_loader, device)
@@ -162,6 +169,10 @@ def _markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = []
+        if r.get("acc") is None:  # a budget no cut reached (``sweep``'s "missed")
+            cells = [f"{r['target']:g}", "**missed**", f"no cut reaches it: {r.get('missed', '')}"]
+            lines.append("| " + " | ".join(cells + [""] * (len(head) - len(cells))) + " |")
+            continue
         if budgets:
             asked = "-" if r.get("reference") else f"{r['target']:g}"
             cells += [asked, "-" if r.get("reference") else ("yes" if r.get("met", True) else "**missed**")]
