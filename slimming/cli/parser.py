@@ -187,7 +187,7 @@ def latency(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{clip(text)!r}: give a fraction such as 0.5 or a time such as "
                                          "12ms") from None
     if unit == "ms" and _is_number(text) and text not in _NOTED:  # 5 alone: milliseconds, said once
-        _NOTED.add(text)  # (argparse converts a value twice where --config is read first)
+        _NOTED.add(text)  # (read_args parses the line twice: first for --config, apply_config)
         print(f"note: --target-latency {text.strip()} is read as {value:g} ms (write {value:g}ms to say so; "
               "a fraction of the unpruned model's latency is under 1, such as 0.5)", file=sys.stderr)
     return text.strip()

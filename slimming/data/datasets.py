@@ -355,7 +355,7 @@ def plan(name: str, root, download: bool, cache_dir, image_size, norm, limit=Non
     if limit is not None:
         limit = _count("limit", limit, 1)
         if not data.files or os.path.isfile(root):
-            what = "an image pack" if data.files else f"{name}"
+            what = "an image pack" if data.files else name
             raise DataError(f"limit takes the first images of each class of an image folder; {what} is "
                             "read whole", param="limit")
     if data.files:
