@@ -218,3 +218,71 @@ def test_example_inputs_as_the_forwards_keyword_arguments():
         with pytest.raises(slimming.SlimmingError, match=said) as e:
             slimming.prune(target, percent=0.3, example_inputs=bad)
         assert "\n" not in str(e.value) and e.value.params == ("example_inputs",)
+
+
+class OneHeadAttention(nn.Module):
+    """diffusers' ``Attention`` with its ``AttnProcessor2_0``, as AutoencoderKL's mid-block has
+    it: one head, a GroupNorm inside, and the head's width read off the keys' shape
+    (``key.shape[-1] // attn.heads``), not held by the module."""
+
+    def __init__(self, channels: int, groups: int = 4):
+        super().__init__()
+        self.heads = 1
+        self.group_norm = nn.GroupNorm(groups, channels)
+        self.to_q, self.to_k, self.to_v = (nn.Linear(channels, channels) for _ in range(3))
+        self.to_out = nn.ModuleList([nn.Linear(channels, channels), nn.Dropout(0.0)])
+
+    def forward(self, hidden_states):
+        residual = hidden_states
+        batch_size, channel, height, width = hidden_states.shape
+        hidden_states = hidden_states.view(batch_size, channel, height * width).transpose(1, 2)
+        hidden_states = self.group_norm(hidden_states.transpose(1, 2)).transpose(1, 2)
+        query, key, value = self.to_q(hidden_states), self.to_k(hidden_states), self.to_v(hidden_states)
+        head_dim = key.shape[-1] // self.heads
+        query, key, value = (t.view(batch_size, -1, self.heads, head_dim).transpose(1, 2)
+                             for t in (query, key, value))
+        hidden_states = nn.functional.scaled_dot_product_attention(query, key, value)
+        hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, self.heads * head_dim)
+        hidden_states = self.to_out[1](self.to_out[0](hidden_states))
+        hidden_states = hidden_states.transpose(-1, -2).reshape(batch_size, channel, height, width)
+        return hidden_states + residual
+
+
+class TinyVAEEncoder(nn.Module):
+    """AutoencoderKL's encoder in small: a convolution, a ResNet block, the one-head attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_in = nn.Conv2d(3, 16, 3, padding=1)
+        self.norm1, self.conv1 = nn.GroupNorm(4, 16), nn.Conv2d(16, 24, 3, padding=1)
+        self.norm2, self.conv2 = nn.GroupNorm(4, 24), nn.Conv2d(24, 16, 3, padding=1)
+        self.attention = OneHeadAttention(16)
+        self.norm_out, self.conv_out = nn.GroupNorm(4, 16), nn.Conv2d(16, 8, 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv_in(x)
+        h = self.conv2(nn.functional.silu(self.norm2(self.conv1(nn.functional.silu(self.norm1(x))))))
+        x = self.attention(x + h)
+        return self.conv_out(nn.functional.silu(self.norm_out(x)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_attention_that_reads_its_head_width_off_the_keys_is_cut_at_once(seed):
+    """The values' channels sized by the keys' width (``value.view(B, -1, heads, key.shape[-1] //
+    heads)``) are tied to the keys': one cut, never the one that fails and the gates kept whole
+    after it (AutoencoderKL, issue 44); the attention's widths agree, the gates elsewhere cut."""
+    torch.manual_seed(seed)
+    model = TinyVAEEncoder().eval()
+    x = torch.zeros(1, 3, 8, 8)
+    slimming.add_gates(model, x)
+    sparsity_shaped(model, seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    assert result.retries == []
+    attention = result.model.attention
+    assert attention.to_v.out_features == attention.to_k.out_features == attention.to_q.out_features
+    assert result.model.conv1.out_channels < 24  # the sparse gates and norms still cut
+    inputs = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert rel_diff(result.model(inputs), zeroed(model, result.masks)(inputs)) < 1e-5

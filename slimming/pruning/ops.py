@@ -201,6 +201,7 @@ class Walk(Protocol):
     calls: dict[str, str]  # op name -> the layer kind whose rule is called through it
     entry: dict[str, torch.Tensor | None]  # module -> the first tensor its forward was given
     baking: dict[str, torch.Tensor]  # layer convolving with a weight it computed -> that call's output
+    read: dict[tuple[str, int], Map]  # (module, width) -> the last map whose shape the module read
 
     def get(self, t) -> Map | None:
         """``t``'s channel map (None: untracked)."""

@@ -48,6 +48,7 @@ def reshape(w: Walk, s: Step) -> None:
         if prefix[k] == head and after[k] == c:
             if op in ("view", "reshape") and after != before:  # (N, self.dim, H * W): the width it
                 w.traced.widths.split_sizes.append((w.running(), c))  # gave must follow the cut
+                x = _read_width(w, s, x, k)
             return w.set(out, x.at(k))
     if d == 1 and len(after) == 2 and after[0] == before[0]:  # (N, C, H, W) -> (N, C*H*W)
         return w.set(out, Map(x.segs, math.prod(before[2:]), 1))
@@ -80,6 +81,22 @@ def _size_args(s: Step) -> tuple:
     """The sizes a view or reshape was given (``view(a, b)``, ``reshape((a, b))``, ``shape=``)."""
     sizes = s.kwargs.get("shape", s.args[1:])
     return tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
+
+
+def _read_width(w: Walk, s: Step, x: Map, k: int) -> Map:
+    """A split into the heads the running module holds (one, or more) whose head width is a
+    number the module read off another tensor's shape (diffusers' ``value.view(B, -1,
+    attn.heads, key.shape[-1] // attn.heads)``): ``x``'s channels tied to that tensor's, so
+    that the width it reads after the cut is ``x``'s own. ``x`` where the split is another."""
+    sizes = _size_args(s)
+    if not w.stack or k == 0 or len(sizes) != s.out.dim() or type(sizes[k]) is not int:
+        return x
+    module = w.modules[w.stack[-1]]
+    heads = {int(getattr(module, a)) for a in HEAD_ATTRS if type(getattr(module, a, None)) in INTS}
+    source = w.read.get((w.stack[-1], sizes[k]))
+    if source is None or s.out.shape[k - 1] not in heads:
+        return x
+    return w.g.tie(x, source, f"{w.where()}: a {s.op} to a width read off another tensor's shape")
 
 
 def _held(w: Walk, s: Step, k: int) -> bool:

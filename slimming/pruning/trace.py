@@ -196,6 +196,7 @@ class Walk:
         self.calls = calls()  # op name -> the layer kind whose rule is called through it
         self.entry: dict[str, torch.Tensor | None] = {}  # module -> the first tensor it was given
         self.baking: dict[str, torch.Tensor] = {}  # layer -> its call with a weight it computed
+        self.read: dict[tuple[str, int], Map] = {}  # (module, width) -> the last map whose shape it read
 
     def run(self, inputs: tuple, training: bool) -> None:
         """Follow one forward (``capture``), from the inputs' channels to the outputs'."""
@@ -281,7 +282,7 @@ class Walk:
         (what the inputs became and where parameters went: the other listeners, ``flow``)."""
         op = op_name(c.func)
         if op in META_OPS:
-            return
+            return self.read_shape(op, c.args)
         args, kwargs, out = c.args, c.kwargs, c.out
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         writes = target is not None and in_place(c.func, args, kwargs, out)
@@ -300,6 +301,14 @@ class Walk:
             self.opaque(op, f"arguments it does not expect: {first_line(e, 80)}", [m for _, m in inputs], out)
         if writes:
             _written(self, op, target, before, bool(inputs))
+
+    def read_shape(self, op: str, args: tuple) -> None:
+        """A module's code read a tracked tensor's shape (``key.shape``, ``x.size(1)``): the width
+        it read may size a view of other channels (``reshape.reshape``'s heads)."""
+        x = self.get(args[0]) if op in ("shape", "size") and args and self.stack else None
+        dim = args[1] if op == "size" and len(args) > 1 else None
+        if x is not None and (dim is None or isinstance(dim, int) and dim % args[0].dim() == x.dim):
+            self.read[self.stack[-1], x.channels] = x
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
