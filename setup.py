@@ -9,6 +9,8 @@ TIMM = ["timm>=1.0.8"]  # 1.0.8: the first with the test_* models the tests buil
 SMP = ["segmentation-models-pytorch>=0.3.3"]  # decoders others wrote, for the trace's tests (MIT)
 # diffusion UNets and 3-D medical networks others wrote, for the trace's tests (Apache-2.0)
 NETS = ["diffusers>=0.30", "monai>=1.3"]
+# the trainers slimming.integrations hooks into, for its tests (Apache-2.0); never Ultralytics (AGPL)
+TRAINERS = ["transformers>=4.46", "accelerate>=1.1", "lightning>=2.0"]
 
 setup(
     name="slimming",
@@ -38,7 +40,7 @@ setup(
         "timm": TIMM,  # timm models: --arch timm:NAME
         # the tests execute the notebook and check every export format
         "dev": ["pytest>=7", "pytest-xdist>=3.0.2", "ruff>=0.4", "nbclient>=0.7", "nbformat>=5",
-                "ipykernel>=6", *PLOT, *ONNX, *TIMM, *SMP, *NETS],
+                "ipykernel>=6", *PLOT, *ONNX, *TIMM, *SMP, *NETS, *TRAINERS],
     },
     entry_points={"console_scripts": ["slimming=slimming.cli:main"]},
 )

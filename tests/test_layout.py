@@ -22,6 +22,7 @@ BELOW = {  # part -> the parts it may import (besides itself): docs/layout.md's 
     "io": {"measure", "layers", "models", "utils", "errors"},
     "pruning": {"layers", "models", "measure", "utils", "errors"},
     "training": {"data", "io", "pruning", "measure", "layers", "models", "utils", "errors"},
+    "integrations": {"training", "pruning", "layers", "models", "measure", "utils", "errors"},
     "tools": {"training", "data", "io", "pruning", "measure", "layers", "models", "utils", "errors"},
     "cli": {"tools", "training", "data", "io", "pruning", "measure", "layers", "models", "utils",
             "errors", "version"},

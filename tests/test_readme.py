@@ -97,6 +97,15 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys, reques
         assert vit.blocks[0].attn.num_heads == 3 and result.verified < 1e-4
         assert not any(isinstance(m, layers.ChannelGate) for m in result.model.modules())
         return
+    if "SparsityCallback" in code:  # a Hugging Face ViT: gated, trained by its Trainer, cut, saved
+        result, model, again, sparse = (namespace[k] for k in ("result", "model", "again", "sparse"))
+        gates = {id(m.weight) for m in model.modules() if isinstance(m, layers.ChannelGate)}
+        assert gates and gates <= {id(p) for p in sparse.sparsity.params}  # the gates made sparse
+        assert slimming.count_params(result.model) < slimming.count_params(model)
+        x = torch.randn(2, 3, 32, 32)
+        with torch.no_grad():
+            assert torch.equal(again.eval()(x).logits, result.model(x).logits)
+        return
     if "add_gates" in code:  # ConvNeXt through its LayerNorms and gates, folded away at the cut
         result, model = namespace["result"], namespace["model"]
         assert result.budget.achieved <= 0.5 * result.budget.full
