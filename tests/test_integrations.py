@@ -11,6 +11,7 @@ Hugging Face's and Lightning's own trainers run where installed."""
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -124,8 +125,7 @@ def test_an_ultralytics_style_trainer_makes_the_factors_sparse_once_a_step_after
     torch.manual_seed(0)
     start = TinyDetector(cfg["model"])
     moved_by_l1(plain.model, sparse.model, start, 1, ignored=("model.6",))  # the head, ignored by type
-    assert sparse.sparsity.params and not hasattr(sparse.scaler, "unscale_") or \
-        "unscale_" not in vars(sparse.scaler)  # the scaler given back as it was
+    assert sparse.sparsity.params and "unscale_" not in vars(sparse.scaler)  # the scaler as it was
     ema_plain, ema_sparse = plain.ema.ema.state_dict(), sparse.ema.ema.state_dict()
     assert not torch.equal(ema_plain["model.1.weight"], ema_sparse["model.1.weight"])  # the EMA follows
 
@@ -243,3 +243,54 @@ def test_a_lightning_trainer_with_the_callback():
     callback = SparsityCallback(STRENGTH)
     moved_by_l1(run([]), run([callback]), LossModel(), 1)
     assert len(callback.sparsity.params) == 1
+
+
+def vit_with_gates(transformers, heads: bool):
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2,
+                                    num_attention_heads=3, intermediate_size=96, num_labels=10)
+    torch.manual_seed(0)
+    model = transformers.ViTForImageClassification(config).eval()
+    slimming.add_gates(model, torch.zeros(1, 3, 32, 32), heads=heads)
+    return model
+
+
+def gate_cut(model: nn.Module, per_layer: list[int], head: bool = False) -> None:
+    """The MLP gate of layer i cut at its first ``per_layer[i]`` channels; with ``head``, the
+    first head of layer 0 too."""
+    from slimming.layers.rules import ChannelGate
+    mlp = [m for n, m in model.named_modules() if isinstance(m, ChannelGate) and "fc2" in n]
+    heads = [m for n, m in model.named_modules() if isinstance(m, ChannelGate) and "fc2" not in n]
+    with torch.no_grad():
+        for gate, n in zip(mlp, per_layer):
+            gate.weight.view(-1)[:n] = 1e-4
+        if head:
+            heads[0].weight.view(-1)[0] = 1e-4
+
+
+@pytest.mark.parametrize("case", ["uniform", "per layer", "a head"])
+def test_a_hugging_face_model_saves_as_hugging_face_where_its_config_can_say_the_cut(case, tmp_path):
+    """Issue 48, item 3: an MLP cut alike in every layer sets ``config.intermediate_size`` on the
+    pruned model (the original's config unchanged), so ``save_pretrained`` and ``from_pretrained``
+    round-trip it; widths the config cannot say (per layer; a head cut where ViT derives the
+    head size from ``hidden_size``) leave it as it was, with one warning naming save_pruned."""
+    transformers = pytest.importorskip("transformers")
+    model = vit_with_gates(transformers, heads=case == "a head")
+    gate_cut(model, [40, 40] if case != "per layer" else [40, 20], head=case == "a head")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, threshold=1e-3, example_inputs=torch.zeros(1, 3, 32, 32),
+                                output_transform=lambda out: out.logits)
+    notes = [str(w.message) for w in said if "model.config" in str(w.message)]
+    assert model.config.intermediate_size == 96 and model.config.num_attention_heads == 3
+    if case != "uniform":
+        assert len(notes) == 1 and "slimming.save_pruned" in notes[0]
+        assert result.model.config.intermediate_size == 96
+        assert ("[56, 76]" in notes[0]) == (case == "per layer")
+        return
+    assert notes == [] and result.model.config.intermediate_size == 56
+    assert all(m.config is result.model.config for m in result.model.modules() if hasattr(m, "config"))
+    result.model.save_pretrained(tmp_path)
+    again = transformers.ViTForImageClassification.from_pretrained(tmp_path).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(again(x).logits, result.model(x).logits)

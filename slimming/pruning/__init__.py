@@ -15,7 +15,8 @@ the cut set stay, as the check vouches), then folding what the cut channels stil
 the next layers (``repair``) and checking the pruned network against the original with the cut
 channels zeroed (``verify``; what that means for a LayerNorm that loses channels: ``norms``).
 ``prune`` composes them into ``slimming.prune``, which gives a ``PruneResult`` (``records``:
-it, and what a budget asked and achieved) and the warnings a cut deserves (``notes``);
+it, and what a budget asked and achieved) and the warnings a cut deserves (``notes``), and
+sets a Hugging Face model's config to the widths it can say (``configs``);
 ``gates`` (``slimming.add_gates``) finds the widths nothing scores.
 
 Which parts it may import: ``docs/layout.md``.

@@ -35,6 +35,7 @@ from ..layers.gates import fold
 from ..utils.modules import eager_model, modes_kept
 from . import budget, estimate, plans, repair, speed, widths
 from .amount import Amount
+from .configs import said_widths
 from .graph import GraphError, ignored_names
 from .importance import DEFAULT, Importance, get_importance
 from .notes import gates_held, little_sparsity, nearly_emptied
@@ -243,8 +244,9 @@ class _Steps:
                 kept = (*kept, retry.block)
 
     def settle(self, result: PruneResult, compensate: bool) -> None:
-        """A family's cfg for a traced family, the warnings a cut deserves, compensation, and
-        the gates (``slimming.add_gates``) folded into the layers they feed."""
+        """A family's cfg for a traced family, the warnings a cut deserves, compensation, the
+        gates (``slimming.add_gates``) folded into the layers they feed, and a Hugging Face
+        model's config set to the widths it can say (``configs``)."""
         if self.traced and models.family(getattr(self.model, "arch", None)) is not None:
             plans.as_family(self.model, result)
         for note in (little_sparsity(self.model, result), nearly_emptied(result)):
@@ -254,6 +256,8 @@ class _Steps:
             result.compensation = repair.compensate(self.model, result, self.example,
                                                     output_transform=self.output_transform)
         fold(result.model)  # gates into the layers they feed: no extra module
+        if note := said_widths(self.model, result.model, self.example):  # a Hugging Face config
+            warnings.warn(note, stacklevel=3)
 
 
 @dataclass
