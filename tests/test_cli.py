@@ -9,6 +9,7 @@ import torch
 
 from slimming import count_params, load_model
 from slimming.cli import main
+from slimming.training.config import finetune_lr
 from slimming.training.engine import lr_milestones
 
 TINY = "8,M,16,M,16,16,M,24,M,24"
@@ -66,6 +67,37 @@ def test_train_prune_finetune_eval(sparse_run, tmp_path, capsys):
 
     code, out, _ = run(capsys, "eval", "--checkpoint", tmp_path / "ft" / "best.pth", *DATA)
     assert code == 0 and f"top-1 accuracy {ft['acc']:.2f}%" in out
+
+
+@pytest.mark.parametrize("epochs, lr, want", [("1", None, 0.001), ("3", None, 0.01), ("1", "0.05", 0.05)])
+def test_a_fine_tune_takes_a_learning_rate_for_its_length(sparse_run, tmp_path, capsys, epochs, lr, want):
+    """Issue 48, item 6: with no --lr, a fine-tune runs at the rate its length wants (0.1 lost the
+    cut's accuracy in one epoch: benchmarks/RESULTS.md) and says so; --lr is taken as given."""
+    lengths = (1, 2, 3, 79, 80, 160)
+    assert [finetune_lr(e) for e in lengths] == pytest.approx([1e-3, 1e-3, 1e-2, 1e-2, 0.1, 0.1])
+    code, out, _ = run(capsys, "finetune", "--checkpoint", sparse_run / "best.pth", "--epochs", epochs,
+                       *(["--lr", lr] if lr else []), "--save", tmp_path / "ft", *DATA)
+    first = json.loads((tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()[0])
+    assert code == 0 and first["lr"] == pytest.approx(want)
+    assert (f"learning rate {want:g}, the default" in out) == (lr is None)
+
+
+@pytest.mark.parametrize("after_cut", [100.0, 0.0])
+def test_a_fine_tune_that_ends_below_the_cut_says_so(sparse_run, tmp_path, capsys, after_cut):
+    """Issue 48, item 6: where the fine-tune's best accuracy is under the one right after the
+    cut (eval.json beside pruned.pth, as slimming prune writes it), one line says so and what to
+    try; where it is not, nothing."""
+    code, _, _ = run(capsys, "prune", "--checkpoint", sparse_run / "best.pth", "--percent", "0.5",
+                     "--save", tmp_path / "pruned", "--no-eval")
+    (tmp_path / "pruned" / "eval.json").write_text(json.dumps({"acc": after_cut, "loss": 1.0, "count": 512}))
+    code, _, err = run(capsys, "finetune", "--checkpoint", tmp_path / "pruned" / "pruned.pth",
+                       "--epochs", "1", "--lr", "0.05", "--save", tmp_path / "ft", *DATA)
+    assert code == 0
+    said = [line for line in err.splitlines() if "below the accuracy right after the cut" in line]
+    if after_cut:
+        assert len(said) == 1 and "against 100.00%" in said[0] and "try --lr 0.005" in said[0]
+    else:
+        assert said == []
 
 
 @pytest.mark.slow

@@ -1223,3 +1223,39 @@ def test_a_diffusers_unet_is_cut_not_kept_whole():
         result = slimming.prune(model, percent=0.3, example_inputs=torch.zeros(1, 3, 16, 16))
     assert not result.retries and result.verified is not None
     assert sum(p.numel() for p in result.model.parameters()) < sum(p.numel() for p in model.parameters())
+
+
+class AnchorsTypedLikeFeatures(nn.Module):
+    """YOLOv8's Detect in short: anchors made from constants take the features' dtype and device
+    (``type_as``, ``to``), which reads nothing of their channels."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.head = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        f = self.bn(self.conv(x))
+        anchors = torch.arange(f.shape[-1]).type_as(f) * torch.ones(1).to(f)
+        return self.head(f.relu()) + anchors
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_tensor_typed_like_the_features_keeps_none_of_their_channels(seed):
+    """Issue 48: "type_as (a change of shape) in Detect [model.22] kept 64" pinned the features
+    whose dtype the anchors took; now they are cut, exactly."""
+    torch.manual_seed(seed)
+    model = AnchorsTypedLikeFeatures().eval()
+    keep = torch.rand(8, generator=torch.Generator().manual_seed(seed)) > 0.5
+    keep[0] = True
+    with torch.no_grad():
+        model.bn.weight[~keep] = 0
+        model.bn.bias.normal_()
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, threshold=1e-6, example_inputs=torch.zeros(1, 3, 8, 8),
+                                compensate=False)
+    assert result.model.conv.out_channels == int(keep.sum())
+    assert not any("type_as" in str(w.message) for w in said)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -34,7 +35,7 @@ from ..tools.export import export_model
 from ..tools.prune_checkpoint import prune_checkpoint
 from ..tools.report import build_report, write_report
 from ..tools.sweep import parse_percents, sweep, write_sweep
-from ..training.config import TrainConfig
+from ..training.config import TrainConfig, finetune_lr
 from ..training.engine import evaluate
 from ..training.runs import (
     DEVICE_FLAGS,
@@ -105,8 +106,30 @@ def cmd_train(args) -> None:
 def cmd_finetune(args) -> None:
     ckpt, model = read_checkpoint(args, args.checkpoint)  # on the CPU; the run moves it
     default_data(args, ckpt)
-    train(TrainConfig.from_args(args), checkpoint_model(ckpt, args.checkpoint, model),
-          native=native_size(ckpt["arch"]), record=plain_args(args))
+    if args.lr is None:  # by the fine-tune's length (parser.FINETUNE_LR)
+        args.lr = finetune_lr(args.epochs)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"learning rate {args.lr:g}, the default for a fine-tune of {args.epochs} epoch(s) "
+                  "(--lr sets it)")
+    run = train(TrainConfig.from_args(args), checkpoint_model(ckpt, args.checkpoint, model),
+                native=native_size(ckpt["arch"]), record=plain_args(args))
+    say_below_cut(args.checkpoint, run, args.lr, args.epochs)
+
+
+def say_below_cut(pruned, run, lr: float, epochs: int, flag: str = "--lr") -> None:
+    """One line on stderr (once under torchrun) where the fine-tune's best test accuracy is
+    under the pruned network's right after the cut (``eval.json``, which ``slimming prune``
+    writes beside ``pruned.pth``): it lost what the cut kept."""
+    path = Path(pruned).parent / "eval.json"
+    try:
+        cut = json.loads(path.read_text())["acc"] if path.is_file() and path.stat().st_size < 4096 else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if int(os.environ.get("RANK", 0)) or not isinstance(cut, (int, float)) or not run.best_acc < cut:
+        return
+    print(f"note: fine-tuning ended below the accuracy right after the cut: its best {run.best_acc:.2f}% "
+          f"against {cut:.2f}% ({path}); {flag} {lr:g} is likely too high for {epochs} epoch(s): try "
+          f"{flag} {lr / 10:g}", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------- the other commands

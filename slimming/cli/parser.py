@@ -283,14 +283,14 @@ def add_model_flags(p: argparse.ArgumentParser, default: str | None, build: bool
 
 
 def add_training_flags(p: argparse.ArgumentParser, epochs: int, dataset: str | None = "cifar10",
-                       gates: bool = False) -> None:
+                       gates: bool = False, lr_help: str = "base learning rate") -> None:
     add_data_flags(p, dataset)
     g = p.add_argument_group("training")
     g.add_argument("--config", type=Path, metavar="FILE.yaml",
                    help="YAML file whose keys are long flag names; command-line flags override it")
     g.add_argument("--epochs", type=positive_int, default=epochs, help="epochs to train")
     g.add_argument("--opt", choices=("sgd", "adamw"), default="sgd", help="optimizer")
-    g.add_argument("--lr", type=positive_float, default=0.1, help="base learning rate")
+    g.add_argument("--lr", type=positive_float, default=0.1, help=lr_help)
     g.add_argument("--momentum", type=nonneg_float, default=0.9, help="SGD momentum")
     g.add_argument("--nesterov", action="store_true", help="Nesterov momentum")
     g.add_argument("--weight-decay", type=nonneg_float, default=1e-4, help="L2 weight decay")
@@ -445,12 +445,17 @@ def add_prune_command(sub) -> None:
     p.set_defaults(func="commands.cmd_prune")
 
 
+FINETUNE_LR = "--lr / 100 under 3 epochs, --lr / 10 under 80, --lr from 80 (the paper's)"
+
+
 def add_finetune_command(sub) -> None:
     p = sub.add_parser("finetune", help="train a pruned checkpoint further (sparsity off)")
     add_checkpoint_flag(p)
     add_model_flags(p, None)
-    add_training_flags(p, epochs=160, dataset=None)
-    p.set_defaults(func="commands.cmd_finetune")
+    add_training_flags(p, epochs=160, dataset=None,
+                       lr_help="base learning rate; default: by the fine-tune's length, "
+                       f"{FINETUNE_LR.replace('--lr', '0.1')}")
+    p.set_defaults(func="commands.cmd_finetune", lr=None)
 
 
 def add_eval_command(sub) -> None:
@@ -546,7 +551,8 @@ def add_pipeline_command(sub) -> None:
     add_prune_flags(p, required=True, recalibrate=50)
     g = p.add_argument_group("training")
     g.add_argument("--finetune-epochs", type=positive_int, default=None, help="default: --epochs")
-    g.add_argument("--finetune-lr", type=positive_float, default=None, help="default: --lr")
+    g.add_argument("--finetune-lr", type=positive_float, default=None,
+                   help=f"default: by the fine-tune's length, {FINETUNE_LR}")
     g.add_argument("--baseline", action="store_true",
                    help="also train a no-sparsity baseline (baseline/) for the report")
     g.add_argument("--iterations", type=positive_int, default=1, metavar="N",

@@ -27,12 +27,12 @@ from ..models.external import is_user_code
 from ..pruning.amount import Amount
 from ..pruning.budget import parse_budget
 from ..tools.report import BASELINE, FINETUNED, PRUNED, SPARSE
-from ..training.config import TrainConfig
+from ..training.config import TrainConfig, finetune_lr
 from ..training.distributed import DistInfo, broadcast_flag, distributed_session
 from ..training.runs import check_output, default_data, device_for, native_size, plain, plain_args
 from ..training.train import train
 from ..utils.files import RunLock
-from .commands import checkpoint_model, cmd_eval, cmd_prune, cmd_report, new_model, write_eval
+from .commands import checkpoint_model, cmd_eval, cmd_prune, cmd_report, new_model, say_below_cut, write_eval
 
 
 def on_main(dist: DistInfo, work: Callable[[], None]) -> None:
@@ -113,12 +113,14 @@ def run_pipeline(args: argparse.Namespace) -> None:
     def finetune(name: str, pruned: Path) -> None:
         stage, record = stage_config(name, checkpoint=pruned, arch=arch, depth=None, sparsity=0.0,
                                      sparsity_target=None, epochs=args.finetune_epochs or args.epochs,
-                                     lr=args.finetune_lr or args.lr)
+                                     lr=args.finetune_lr or finetune_lr(args.finetune_epochs or args.epochs,
+                                                                        args.lr))
         ckpt = load_checkpoint(pruned, **({"arch": arch} if arch else {}))  # on the CPU
         default_data(stage, ckpt, pruned)
         model = model_from_checkpoint(ckpt, pruned)
-        train(stage, checkpoint_model(ckpt, pruned, model), native=native_size(ckpt["arch"]),
-              record=record)
+        run = train(stage, checkpoint_model(ckpt, pruned, model), native=native_size(ckpt["arch"]),
+                    record=record)
+        say_below_cut(pruned, run, stage.lr, stage.epochs, "--finetune-lr")
 
     with distributed_session(device.type == "cuda") as dist, contextlib.ExitStack() as held:
         say = print if dist.is_main else (lambda *a, **k: None)

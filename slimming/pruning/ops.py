@@ -289,6 +289,11 @@ def norm(w: Walk, s: Step) -> None:
 
 def elementwise(w: Walk, s: Step) -> None:
     op, func, args, kwargs, out, inputs = s
+    if op in ("type_as", "to") and args:  # anchors.type_as(features): the other gives a dtype only
+        inputs = [(t, m) for t, m in inputs if t is args[0]]
+        if not inputs:
+            return w.set(out, None) if isinstance(out, torch.Tensor) else None
+        s = s._replace(inputs=inputs)
     x_t, x = inputs[0]
     d = x.dim
     same = isinstance(out, torch.Tensor) and out.dim() == x_t.dim() and out.shape[0] == x_t.shape[0] \

@@ -10,6 +10,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# A fine-tune's learning rate, by its length, as a share of the training rate: the step schedule
+# (x0.1 at 50% and 75% of the epochs) never decays in under 3 epochs, where a tenth of a tenth
+# kept the cut's accuracy; 0.1 itself lost 14-28 points in one epoch (benchmarks/RESULTS.md,
+# "A fine-tune's learning rate"). From 80 epochs, the paper's: its fine-tune is training's rate.
+FINETUNE_SHARES = ((3, 0.01), (80, 0.1))  # (under this many epochs, this share of the rate)
+
+
+def finetune_lr(epochs: int, lr: float = 0.1) -> float:
+    """The default learning rate of a fine-tune of ``epochs`` epochs after training at ``lr``:
+    ``lr / 100`` under 3 epochs, ``lr / 10`` under 80, ``lr`` from 80 on (the paper's 160)."""
+    return lr * next((share for under, share in FINETUNE_SHARES if epochs < under), 1.0)
+
 
 @dataclass
 class TrainConfig:
