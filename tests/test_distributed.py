@@ -185,7 +185,8 @@ def test_the_pipeline_under_torchrun_prunes_and_reports_on_rank_0_only(tmp_path)
         out = result.stdout + result.stderr
         assert result.returncode == 0, out[-3000:]
         assert "terminate called" not in out and "ChildFailedError" not in out
-        for line in ("== prune ==", "== report ==", "saved", "top-1 accuracy", "== fine-tune =="):
+        for line in ("== [2/4] prune ==", "== [4/4] report ==", "saved", "top-1 accuracy",
+                     "== [3/4] fine-tune =="):
             assert result.stdout.count(line) == 1, (line, result.stdout)
         assert json.loads((root / "pruned" / "eval.json").read_text())["count"] == 512  # whole test set
         assert torch.load(root / "finetuned" / "last.pth", weights_only=True)["epoch"] == 1

@@ -397,8 +397,8 @@ def test_the_table_each_measurement_and_each_sweep_point_show_progress(monkeypat
     terminal only: tqdm's own rule): the table's layers, each measurement's rounds, the points."""
     import tqdm as tqdm_module
 
-    from slimming.pruning import estimate
     from slimming.tools import sweep as sweep_module
+    from slimming.utils import progress
 
     bars = []
 
@@ -408,8 +408,7 @@ def test_the_table_each_measurement_and_each_sweep_point_show_progress(monkeypat
             super().__init__(*a, **k)
             bars.append(self)
 
-    for module in (timing, estimate, sweep_module):
-        monkeypatch.setattr(module, "tqdm", Seen)
+    monkeypatch.setattr(progress, "tqdm", Seen)  # every bar is made there
     model = slimming.models.build("vgg", cfg=[16, "M", 32, "M", 32, "M", 32, "M", 32]).eval()
     sparsity_shaped(model, 16)
     r = slimming.prune(model, target_latency=0.6, latency_model=MeasuredLatency("cpu", cache=False))

@@ -72,6 +72,9 @@ def test_pipeline_rerun_skips_finished_stages(run, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("nothing to do") == 3 and "exists: skipping" in out
+    assert re.findall(r"^== \[(\d)/5\] (.+) ==$", out, re.M) == [  # each stage, numbered
+        ("1", "baseline (no sparsity)"), ("2", "sparsity training"), ("3", "prune"), ("4", "fine-tune"),
+        ("5", "report")]
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*.pth")} == stamps
 
 
@@ -136,6 +139,20 @@ def made_run(tmp_path_factory):
 @pytest.fixture
 def fresh_run(made_run, tmp_path):
     return Path(shutil.copytree(made_run, tmp_path / "run"))
+
+
+@pytest.mark.parametrize("after_cut", [30.0, 70.0])
+def test_a_fine_tune_below_the_cut_is_flagged(fresh_run, capsys, after_cut):
+    """The fine-tuned stage's best is 55%: under an accuracy of 70% right after the cut the
+    report says the fine-tune lost what the cut kept (in report.md, report.json and on stderr)."""
+    (fresh_run / "pruned" / "eval.json").write_text(json.dumps({"acc": after_cut, "loss": 2.0, "count": 512}))
+    assert main(["report", "--run", str(fresh_run), "--repeats", "0", "--cpu"]) == 0
+    below = after_cut > 55.0
+    err = capsys.readouterr().err
+    assert ("fine-tuning ended below the cut: its best 55.00% against 70.00%" in err) == below
+    assert ("**Note**: fine-tuning ended below the cut" in (fresh_run / "report.md").read_text()) == below
+    data = json.loads((fresh_run / "report.json").read_text())
+    assert (data["below_cut"] is not None) == below
 
 
 def test_made_run_reports(fresh_run):

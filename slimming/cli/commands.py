@@ -33,7 +33,7 @@ from ..pruning.repair import recalibrate_bn
 from ..tools import plots
 from ..tools.export import export_model
 from ..tools.prune_checkpoint import prune_checkpoint
-from ..tools.report import build_report, write_report
+from ..tools.report import below_cut, build_report, write_report
 from ..tools.sweep import parse_percents, sweep, write_sweep
 from ..training.config import TrainConfig, finetune_lr
 from ..training.engine import evaluate
@@ -487,5 +487,7 @@ def cmd_report(args) -> None:
     announce_device(args, device)
     written = write_report(report, args.run)
     print("wrote " + ", ".join(str(p) for p in written))
+    if note := below_cut(report):
+        print(f"note: {note}", file=sys.stderr)
     if not plots.available():
         print(f"text only: {plots.MISSING}")

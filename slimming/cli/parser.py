@@ -407,6 +407,10 @@ def build_parser() -> Parser:
                 add_stats_command, add_sweep_command, add_export_command, add_report_command,
                 add_pipeline_command, add_cache_command):  # one function per subcommand, in --help's order
         add(sub)
+    for p in sub.choices.values():
+        p.add_argument("-q", "--quiet", action="store_true",
+                       help="no progress bars (they show on a terminal only) and no progress lines in a log; "
+                       "results, warnings and errors are still printed (TQDM_DISABLE=1 does the same)")
     return parser
 
 

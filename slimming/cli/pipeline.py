@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -74,11 +75,11 @@ def budget_share(args: argparse.Namespace, i: int, source, arch) -> dict:
     return {f"target_{what}": float(full * (target / full) ** (i / n))}
 
 
-def prune_and_evaluate(ns: argparse.Namespace, heading: str = "") -> None:
+def prune_and_evaluate(ns: argparse.Namespace, heading: str = "== prune ==") -> None:
     """Rank 0's stage: prune ``ns.checkpoint`` into ``ns.save``/pruned.pth (unless done) and
     evaluate it right after the cut into eval.json (unless done)."""
     pruned, evaluated = ns.save / "pruned.pth", ns.save / "eval.json"
-    print("== prune ==" + heading)
+    print(heading)
     if pruned.exists():
         print(f"{pruned} exists: skipping")
     else:
@@ -124,6 +125,11 @@ def run_pipeline(args: argparse.Namespace) -> None:
 
     with distributed_session(device.type == "cuda") as dist, contextlib.ExitStack() as held:
         say = print if dist.is_main else (lambda *a, **k: None)
+        count = itertools.count(1)
+        stages = int(args.baseline) + 2 * args.iterations + 2
+
+        def heading(what: str) -> str:  # "== [3/5] fine-tune ==": where the run is, in its stages
+            return f"== [{next(count)}/{stages}] {what} =="
 
         def lock_root() -> None:  # one pipeline per folder; its stages lock their own folders
             if dist.is_main and root.is_dir() and not held_lock:
@@ -133,11 +139,11 @@ def run_pipeline(args: argparse.Namespace) -> None:
         held_lock: list[bool] = []
         lock_root()
         if args.baseline:
-            say("== baseline (no sparsity) ==")
+            say(heading("baseline (no sparsity)"))
             stage, record = stage_config(BASELINE, sparsity=0.0)
             train(stage, new_model(args), native=native_size(args.arch), record=record)
             lock_root()
-        say("== sparsity training ==")
+        say(heading("sparsity training"))
         stage, record = stage_config(SPARSE)
         train(stage, new_model(args), native=native_size(args.arch), record=record)
         lock_root()
@@ -146,16 +152,17 @@ def run_pipeline(args: argparse.Namespace) -> None:
             where = "" if i == args.iterations else f"iter{i}/"
             pruned = root / f"{where}{PRUNED}" / "pruned.pth"
             share = budget_share(args, i, root / SPARSE / "best.pth", arch)
-            heading = f" (iteration {i} of {args.iterations})" if args.iterations > 1 else ""
+            of = f" (iteration {i} of {args.iterations})" if args.iterations > 1 else ""
             ns = prune_args(f"{where}{PRUNED}", checkpoint=source, arch=arch, depth=None, **share)
-            on_main(dist, functools.partial(prune_and_evaluate, ns, heading))
-            say("== fine-tune ==")
+            on_main(dist, functools.partial(prune_and_evaluate, ns, heading("prune" + of)))
+            say(heading("fine-tune" + of))
             finetune(f"{where}{FINETUNED}", pruned)
             source = root / f"{where}{FINETUNED}" / "best.pth"
 
         def report() -> None:
-            print("== report ==")
+            print(last)
             cmd_report(argparse.Namespace(run=root, repeats=args.repeats, cpu=args.cpu,
                                           device=args.device, arch=arch))
 
+        last = heading("report")
         on_main(dist, report)

@@ -21,7 +21,7 @@ from ..errors import (
 )
 from ..pruning.amount import Amount
 from ..training import runs
-from ..utils import devices
+from ..utils import devices, progress
 from ..utils.files import handle_signals, human_bytes
 from . import commands, pipeline
 from .parser import Parser
@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     def warn(message, category, filename, lineno, file=None, line=None):  # one line each
         print(f"{name}: warning: {message}", file=sys.stderr)
 
-    with handle_signals(), warnings.catch_warnings():
+    with handle_signals(), warnings.catch_warnings(), progress.quiet(args.quiet):
         warnings.showwarning = warn
         try:
             func(args)

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..utils import progress
 from ..utils.modules import modes_kept
 from . import timing
 from .latency import time_interleaved
@@ -113,15 +114,16 @@ def compare_stats(models: list[nn.Module], input_size: tuple[int, ...] = DEFAULT
             "latency_ms": {}, "latency_spread": {}, "latency_ms_channels_last": {}} for m in models]
     if repeats <= 0:
         return out
-    for b in batch_sizes:
-        for layout, key in ((False, "latency_ms"), (True, "latency_ms_channels_last")):
-            times, ratios = latencies(models, b, input_size, repeats, channels_last=layout)
-            for stats, t, r in zip(out, times, ratios):
-                stats[key][b] = t.value
-                if not layout:
-                    stats["latency_spread"][b] = t.spread
-                    if stats is not out[0]:
-                        stats.setdefault("latency_ratio", {})[b] = [r.value, r.spread]
+    timings = [(b, layout, key) for b in batch_sizes
+               for layout, key in ((False, "latency_ms"), (True, "latency_ms_channels_last"))]
+    for b, layout, key in progress.bar(timings, desc=f"latency of {len(models)} network(s)", unit="timing"):
+        times, ratios = latencies(models, b, input_size, repeats, channels_last=layout)
+        for stats, t, r in zip(out, times, ratios):
+            stats[key][b] = t.value
+            if not layout:
+                stats["latency_spread"][b] = t.spread
+                if stats is not out[0]:
+                    stats.setdefault("latency_ratio", {})[b] = [r.value, r.spread]
     return out
 
 

@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from ..errors import SlimmingError, clip
+from ..utils import progress
 
 QUANTILE = 0.1  # the estimate: the fastest tenth of the samples
 RESAMPLES = 200  # bootstrap resamples for a spread (a few ms of Python for 100 samples)
@@ -104,8 +104,7 @@ def sample(cost, models: Sequence, inputs: tuple, enough: Callable[[list[list[fl
     (``desc``; a terminal only). Returns the samples and whether they were enough."""
     cap = getattr(cost, "max_seconds", MAX_SECONDS)
     start = time.perf_counter()
-    with tqdm(desc=desc, unit="round", leave=False, dynamic_ncols=True,
-              disable=None if hasattr(cost, "max_seconds") else True) as bar:
+    with progress.bar(desc=desc, unit="round", show=hasattr(cost, "max_seconds")) as bar:
         out = _samples(cost, models, inputs)
         bar.update(len(out[0]))
         while not enough(out):

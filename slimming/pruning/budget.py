@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import BudgetError, SlimmingError, first_line, number
 from ..measure.stats import count_flops, count_params
+from ..utils import progress
 from ..utils.modules import modes_kept
 from .graph import GraphError
 from .records import CountBudget
@@ -103,6 +104,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, amount, limits: dict, 
     total = sum(s.numel() for s in plan.scores)
 
     def at(k: int):
+        progress.at(f"{what} budget: trying {k} of {total} channels cut")
         masks, threshold, guarded = select(plan.scores, k / total, None, **limits)
         result = plan.build(masks, threshold, guarded)
         try:

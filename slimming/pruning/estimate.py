@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..measure import timing
 from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs
+from ..utils import progress
 from ..utils.modules import modes_kept
 
 STEP = 0.01  # round_to="auto": a width is kept when it is at least 1% faster than every wider one
@@ -256,8 +256,8 @@ def fill(cost: LatencyModel, layers: list[TimedLayer]) -> None:
     known = getattr(cost, "entries", None)
     if known is not None:  # a table: only what it lacks is timed, and counted on the bar
         wanted = [w for w in dict.fromkeys(wanted) if w[0].key(w[1], w[2]) not in known]
-    for spec, i, o in tqdm(wanted, desc="latency table", unit="layer", leave=False, dynamic_ncols=True,
-                           disable=None if known is not None and wanted else True):
+    shown = known is not None and bool(wanted)
+    for spec, i, o in progress.bar(wanted, desc="latency table", unit="layer", show=shown):
         cost.layer(spec, i, o)
 
 

@@ -32,6 +32,7 @@ from torch import nn
 from .. import models
 from ..errors import SlimmingError, clip, first_line, listed, number
 from ..layers.gates import fold
+from ..utils import progress
 from ..utils.modules import eager_model, modes_kept
 from . import budget, estimate, plans, repair, speed, widths
 from .amount import Amount
@@ -145,7 +146,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
     steps = _Steps(model, importance, example, traced, ignore, whole, verify, limits, amount, latency_model,
                    output_transform, checks)
-    with modes_kept(model):
+    with modes_kept(model), progress.steps("prune"):  # a bar naming each step, on a terminal
         result = steps.checked_cut(follow_sizes=traced and cut_heads)
         steps.settle(result, compensate)
     if isinstance(example, torch.Tensor):  # save_pruned keeps it: load_pruned's forward
@@ -221,13 +222,17 @@ class _Steps:
         """Plan, cut, check until the check passes; what was retried is in ``result.retries``."""
         kept, retries = (), []
         while True:
+            again = f" (try {len(retries) + 1})" if retries else ""
+            progress.at(("trace" if self.traced else "plan") + again)
             if self.traced:
                 plan = plans.traced_plan(self.model, self.importance, self.example, self.ignore,
                                          self.whole, follow_sizes, self.output_transform, kept,
                                          self.check_inputs)
             else:
                 plan = plans.family_plan(self.model, self.importance)
+            progress.at("cut" + again)
             result = _cut(self.model, plan, self.example, self.limits, self.amount, self.latency_model)
+            progress.at(("check" if self.verify else "run") + again)
             failure = _vouch(self.model, result, self.example, self.verify, self.output_transform,
                              self.check_inputs)
             if failure is None:
@@ -253,6 +258,7 @@ class _Steps:
             if note:
                 warnings.warn(note, stacklevel=3)
         if compensate:
+            progress.at("compensate")
             result.compensation = repair.compensate(self.model, result, self.example,
                                                     output_transform=self.output_transform)
         fold(result.model)  # gates into the layers they feed: no extra module

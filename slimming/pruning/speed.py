@@ -40,6 +40,7 @@ from torch import nn
 from ..errors import BudgetError, SlimmingError
 from ..measure import timing
 from ..measure.latency import LatencyModel
+from ..utils import progress
 from ..utils.modules import modes_kept
 from .budget import measured
 from .estimate import Estimator, allowed_widths, layer_widths, lower_bounds, save_table, setup
@@ -212,6 +213,7 @@ def search(model: nn.Module, plan, inputs: tuple, amount, limits: dict,
     prior.sort(key=lambda p: -abs(p[2] - asked))
     estimate_goal = min(_next_goal(prior, asked), est.total(list(sizes)) * 0.999) if prior else goal_ms
     for i in range(ROUNDS):
+        progress.at(f"latency budget: round {i + 1}")
         w, reached = greedy(est, plan.scores, allowed, estimate_goal)
         if not reached and i == 0 and est.total(w) > goal_ms:  # the table sees nothing more to
             best, measured = _by_measurement(plan, allowed, limits, unit, asked, trial), True  # save:

@@ -353,7 +353,9 @@ class Walk:
         summary = kept_summary(self.g)
         if summary:
             warnings.warn(f"slimming kept channels it cannot follow one by one (the rest is cut "
-                          f"exactly): {summary}", stacklevel=3)
+                          f"exactly): {summary}; nothing to do unless you want them cut: an op of your "
+                          "own that acts channel by channel is slimming.register_op(name, like=...), "
+                          "the rest is in docs/networks.md ('Decided at the end')", stacklevel=3)
         self.maps.clear()
         self.storage.clear()
         self.entry.clear()

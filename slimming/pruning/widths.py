@@ -18,6 +18,7 @@ from collections.abc import Callable
 from torch import nn
 
 from ..errors import first_line
+from ..utils import progress
 from .graph import GraphError
 from .records import PruneResult
 from .surgery import WidthChange
@@ -134,7 +135,8 @@ def settle(result: PruneResult, test: Callable[[], object], most: int = 16,
         _set(result, kept, new=True)
         why = "verify=False: only the check vouches for them"
     else:
-        for changes in list(by_module.values())[:most]:
+        for module, changes in list(by_module.items())[:most]:
+            progress.at(f"check: the widths of {module}")
             changes = [c for c in changes if not c.sure]
             _set(result, changes, new=True)
             try:

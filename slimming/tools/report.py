@@ -284,6 +284,18 @@ def _timed(before: dict, after: dict, batch: int) -> str:
     return f"{value:.3f}x +- {value * math.hypot(a[1] / a[0], b[1] / b[0] if b[0] else 0):.3f}"
 
 
+def below_cut(report: dict) -> str | None:
+    """One line where the fine-tuned stage's accuracy is under the pruned one's right after the
+    cut (the fine-tune lost what the cut kept, most often at too high a learning rate), else None."""
+    stages = report["stages"]
+    cut, tuned = (stages.get(name, {}).get("acc") for name in (PRUNED, FINETUNED))
+    if cut is None or tuned is None or not tuned < cut:
+        return None
+    return (f"fine-tuning ended below the cut: its best {tuned:.2f}% against {cut:.2f}% right after the "
+            "cut; its learning rate was likely too high for its length (slimming pipeline --finetune-lr, "
+            "slimming finetune --lr)")
+
+
 def write_report(report: dict, run: str | Path) -> list[Path]:
     """report.md, report.json and (with matplotlib) gammas.png, channels.png, curves.png, each
     written atomically (slimming.utils.files: a symlink planted at a target is replaced, not followed)."""
@@ -316,6 +328,8 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
         md.append(f"| {name} | {acc} | {s['params'] / 1e6:.3f}M | {s['flops']:.3e} | "
                   f"{lat.get(1, float('nan')):.2f} ms | {lat.get(64, float('nan')):.2f} ms | "
                   f"`{describe_cfg(s['cfg'])}` |")
+    if note := below_cut(report):
+        md += ["", f"**Note**: {note}."]
     before = stages.get(SPARSE) or stages.get(BASELINE)
     after = stages.get("finetuned") or stages.get("pruned")
     if before and after and before is not after:
@@ -349,5 +363,6 @@ def write_report(report: dict, run: str | Path) -> list[Path]:
     write_text(run / "report.md", "\n".join(md) + "\n")
     data = {k: v for k, v in report.items() if k != "gammas"}
     data["pictures"] = pictures
+    data["below_cut"] = below_cut(report)
     write_text(run / "report.json", json.dumps(data, indent=1, default=str))
     return [run / "report.md", run / "report.json", *(run / p for p in pictures)]

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..errors import BudgetError, SlimmingError, first_line
 from ..measure.stats import DEFAULT_INPUT_SIZE, count_flops, count_params
 from ..pruning.prune import prune
 from ..training.engine import evaluate
+from ..utils import progress
 from ..utils.files import write_text
 from . import plots
 
@@ -115,8 +115,7 @@ def sweep(model: nn.Module, test_loader: Iterable, device: torch.device, percent
     keyword = {"percent": "percent", "flops": "target_flops", "params": "target_params",
                "latency": "target_latency"}[axis]
     points = [p for p in sorted(set(percents)) if p != 0]
-    for p in tqdm(points, desc=f"sweep ({axis})", unit="point", leave=False, dynamic_ncols=True,
-                  disable=None):
+    for p in progress.bar(points, desc=f"sweep ({axis})", unit="point"):
         try:
             result = prune(model, **{keyword: p}, min_channels=min_channels, **(options or {}))
         except BudgetError as e:  # no cut reaches it: a row that says so, and the sweep goes on

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from ..errors import SlimmingError, TrainingError  # noqa: F401 (TrainingError: re-exported)
+from ..utils import progress
 from .distributed import DistInfo, all_reduce_sum
 from .saver import CheckpointSaver
 from .sparsity import SPARSE_BOUND, Sparsity, SparsityController
@@ -99,8 +99,7 @@ def evaluate(model: nn.Module, loader: Iterable, device: torch.device,
     with ``dist`` (a DDP run whose ranks each hold a shard), summed over all ranks."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss, correct, count
-    for x, y in tqdm(loader, desc="test", leave=False, dynamic_ncols=True,
-                     disable=None if show_progress else True):
+    for x, y in progress.bar(loader, desc="test", unit="batch", show=show_progress):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -165,11 +164,10 @@ class Trainer:
         self.model.train()
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
         skipped = torch.zeros((), dtype=torch.long, device=self.device)
-        bar = tqdm(loader, desc=desc, leave=False, dynamic_ncols=True,
-                   disable=None if self.dist.is_main else True)
+        bar = progress.bar(loader, desc=desc, unit="batch", show=self.dist.is_main)
         steer = self.controller if self.sparsity is not None else None
         # in a log (stdout not a terminal) tqdm is silent: a plain line every PROGRESS_S instead
-        plain = bar.disable and self.dist.is_main and not sys.stdout.isatty()
+        plain = bar.disable and self.dist.is_main and not progress.is_quiet() and not sys.stdout.isatty()
         start = last = time.monotonic()
         total = len(loader) if hasattr(loader, "__len__") else None
         for i, (x, y) in enumerate(bar):
