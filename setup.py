@@ -8,7 +8,7 @@ ONNX = ["onnx>=1.15", "onnxscript>=0.1", "onnxruntime>=1.17"]
 TIMM = ["timm>=1.0.8"]  # 1.0.8: the first with the test_* models the tests build
 SMP = ["segmentation-models-pytorch>=0.3.3"]  # decoders others wrote, for the trace's tests (MIT)
 # diffusion UNets and 3-D medical networks others wrote, for the trace's tests (Apache-2.0)
-NETS = ["diffusers>=0.30", "monai>=1.3"]
+NETS = ["diffusers>=0.30", "monai>=1.3", "einops>=0.6"]  # einops: MONAI's SwinUNETR (MIT)
 # the trainers slimming.integrations hooks into, for its tests (Apache-2.0); never Ultralytics (AGPL)
 TRAINERS = ["transformers>=4.46", "accelerate>=1.1", "lightning>=2.0"]
 

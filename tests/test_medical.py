@@ -104,3 +104,34 @@ def test_monai_own_3d_networks_are_cut_exactly(name):
     probe = torch.randn(*shape)
     with torch.no_grad():
         assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
+
+
+@pytest.mark.slow
+def test_monai_swin_unetr_is_cut_exactly_through_its_gates():
+    """MONAI's SwinUNETR (needs einops, in ``[dev]``): a Swin encoder whose output stages are
+    normalised by a LayerNorm without a scale and a decoder of InstanceNorms without affine, so
+    nothing scores a channel ("no channel can be cut", naming ``add_gates``, the model as it
+    was); gated, its heads and MLP widths are cut, exact on another input, at least 20% of the
+    parameters."""
+    pytest.importorskip("einops")
+    nets = pytest.importorskip("monai.networks.nets")
+    torch.manual_seed(0)
+    model = nets.SwinUNETR(in_channels=1, out_channels=2, feature_size=12, depths=(1, 1, 1, 1),
+                           num_heads=(1, 2, 3, 6), spatial_dims=3).eval()
+    x, probe = torch.zeros(1, 1, 64, 64, 64), torch.randn(1, 1, 64, 64, 64)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        reference = model(probe)
+    with pytest.raises(slimming.SlimmingError, match="add_gates"):
+        slimming.prune(model, percent=0.3, example_inputs=x)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        assert torch.equal(model(probe), reference)
+    slimming.add_gates(model, x)
+    sparsity_shaped(model, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    assert slimming.count_params(result.model) < 0.8 * slimming.count_params(model)
+    with torch.no_grad():
+        assert rel_diff(result.model(probe), zeroed(model, result.masks)(probe)) < 1e-5
