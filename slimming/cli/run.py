@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     def warn(message, category, filename, lineno, file=None, line=None):  # one line each
         print(f"{name}: warning: {message}", file=sys.stderr)
 
-    with handle_signals(), warnings.catch_warnings(), progress.quiet(args.quiet):
+    with handle_signals(), warnings.catch_warnings(), progress.quiet(getattr(args, "quiet", False)):
         warnings.showwarning = warn
         try:
             func(args)
