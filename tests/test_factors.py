@@ -443,24 +443,26 @@ def test_sparsity_trains_the_layernorm_gammas_too():
 class WidthFromInput(nn.Module):
     """Attention whose heads' width comes from its input's (torchvision's MaxViT; timm's Swin-v2,
     which also holds that width in an attribute it never reads, ``held``): cut the channels it
-    reads and its reshape fails."""
+    reads and its reshape fails. ``held="counted"``: the width counted off the input's size
+    (``x.numel() // (b * n)``), a number the trace cannot tell from the attribute ``self.dim``."""
 
-    def __init__(self, dim: int, heads: int, held: bool = True):
+    def __init__(self, dim: int, heads: int, held: bool | str = True):
         super().__init__()
         if held:
             self.dim = dim
+        self.counted = held == "counted"
         self.heads, self.norm, self.qkv, self.proj = heads, nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), \
             nn.Linear(dim, dim)
 
     def forward(self, x):
-        b, n, c = x.shape
+        b, n, c = (x.size(0), x.size(1), x.numel() // (x.size(0) * x.size(1))) if self.counted else x.shape
         q, k, v = self.qkv(self.norm(x)).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
         o = nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, c)
         return x + self.proj(o)
 
 
 class ReadsItsWidth(nn.Module):
-    def __init__(self, held: bool = True):
+    def __init__(self, held: bool | str = True):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
                                   nn.Conv2d(16, 24, 4, 4), nn.BatchNorm2d(24))
@@ -472,7 +474,7 @@ class ReadsItsWidth(nn.Module):
 
 def test_a_block_whose_cut_fails_the_check_is_kept_whole_and_the_rest_still_cut():
     torch.manual_seed(0)
-    model = ReadsItsWidth().eval()
+    model = ReadsItsWidth(held="counted").eval()
     sparsity_shaped(model, 0)
     x = torch.randn(2, 3, 32, 32)
     with pytest.warns(UserWarning, match="every WidthFromInput is kept whole"):
@@ -503,12 +505,15 @@ def test_a_block_kept_is_said_to_be_kept_as_it_was_asked(how):
     assert not [why for why in said for k, other in phrases.items() if k != how and other in why], said
 
 
-def test_a_block_reshaping_by_a_width_it_does_not_hold_is_kept_from_the_start():
+@pytest.mark.parametrize("held", [False, True])
+def test_a_block_reshaping_by_a_width_it_does_not_hold_is_kept_from_the_start(held):
     """The same attention holding no attribute of that width (EVA's, BEiT's ``reshape(B, N,
-    C)``): the trace sees that the cut cannot set it, and keeps what the retries kept before
-    (what it reads, its heads) in the first cut, with no check refused."""
+    C)``), or one it never reads (``held``: timm's Swin-v2 and PVT-v2, whose ``self.dim`` equals
+    ``C``; before, cut, refused twice and kept whole): the trace sees that the cut cannot set
+    it, and keeps what the retries kept before (what it reads, its heads) in the first cut,
+    with no check refused."""
     torch.manual_seed(0)
-    model = ReadsItsWidth(held=False).eval()
+    model = ReadsItsWidth(held=held).eval()
     sparsity_shaped(model, 0)
     x = torch.randn(2, 3, 32, 32)
     result = slimming.prune(model, percent=0.3, example_inputs=x[:1], compensate=False)

@@ -266,18 +266,39 @@ class PSA(nn.Module):
 
 class HeldWidthAttention(Attention):
     """The same attention holding its width in an attribute it never reads (``self.dim``, as
-    timm's Swin-v2 holds one and still merges its heads to its input's ``C``): the trace cannot
-    tell the two apart, so the cut is tried and the check refuses it."""
+    timm's Swin-v2 and PVT-v2 hold one and still merge their heads to their input's ``C``): the
+    trace knows ``C`` was read off the input's shape, not the attribute that equals it."""
 
     def __init__(self, dim: int, heads: int = 2):
         super().__init__(dim, heads)
         self.dim = dim
 
 
+class CountedWidthAttention(HeldWidthAttention):
+    """The same attention merging its heads to a width it counts off its input's size
+    (``x.numel() // (B * H * W)``), which equals the attribute ``self.dim``: a number the trace
+    cannot tell from the attribute, so the cut is tried and the check refuses it."""
+
+    def forward(self, x):
+        B, H, W = x.size(0), x.size(2), x.size(3)
+        C, N = x.numel() // (B * H * W), H * W
+        q, k, v = self.qkv(x).view(B, self.heads, self.kd * 2 + self.hd, N).split(
+            [self.kd, self.kd, self.hd], dim=2)
+        attn = ((q.transpose(-2, -1) @ k) * self.scale).softmax(-1)
+        x = (v @ attn.transpose(-2, -1)).view(B, C, H, W) + self.pe(v.reshape(B, C, H, W))
+        return self.proj(x)
+
+
 class PSAHeld(PSA):
     def __init__(self, c1: int = 32):
         super().__init__(c1)
         self.block.attn = HeldWidthAttention(self.c)
+
+
+class PSACounted(PSA):
+    def __init__(self, c1: int = 32):
+        super().__init__(c1)
+        self.block.attn = CountedWidthAttention(self.c)
 
 
 class C2PSA(nn.Module):
@@ -677,8 +698,8 @@ class SDPAttention(PixelAttention):
 
 PATTERNS = {m.__name__: m for m in (
     ViewWrite, AliasWrite, HardtanhArgs, DataclassOut, ObjectOut, SetItem, DotData, CustomConv,
-    BlurPool, TrainOnlyAux, PSA, PSAHeld, C2PSA, DFLHead, CopyTransform, SelectiveKernel, MobileOne,
-    GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
+    BlurPool, TrainOnlyAux, PSA, PSAHeld, PSACounted, C2PSA, DFLHead, CopyTransform, SelectiveKernel,
+    MobileOne, GhostV2DFC, C2fSplit, LayerScale, GroupNormNeck, ChannelsLastLN, PooledBN1d, Video3d,
     TwoInputs, SharedConv, StackLast, InstanceNormed, Tokens, PixelAttention, SDPAttention, GroupNormed)}
 
 INPUTS = {"Video3d": [(3, 4, 16, 16)], "TwoInputs": [(3, 32, 32), (3, 32, 32)]}
@@ -692,6 +713,7 @@ MUST_PRUNE = {
     "CustomConv": "F.conv2d with an own weight", "BlurPool": "timm BlurPool2d",
     "TrainOnlyAux": "torchvision GoogLeNet / Inception aux", "PSA": "YOLOv10 PSA",
     "PSAHeld": "YOLOv10 PSA holding the width it reads off its input (as timm Swin-v2)",
+    "PSACounted": "YOLOv10 PSA merging its heads to a width counted off its input, equal to an attribute",
     "C2PSA": "YOLO11 C2PSA",
     "DFLHead": "YOLOv8 Detect + DFL", "CopyTransform": "torchvision GeneralizedRCNNTransform",
     "SelectiveKernel": "timm SelectiveKernel", "MobileOne": "MobileOne / RepVGG training blocks",
@@ -864,8 +886,10 @@ def test_cut_heads_false_keeps_heads_and_a_forward_that_fixes_their_width_falls_
     """cut_heads=False keeps attention heads whole from the start (one warning says so).
     YOLOv10's PSA reads its input's width to merge the heads back (``view(B, C, H, W)``, a width
     it holds in no attribute): its heads and what it reads are kept from the start, exact, with
-    no retry. The same attention holding that width in an attribute it never reads is cut, the
-    check fails, and the prune keeps the heads (one warning) and stays exact."""
+    no retry; so does the same attention holding that width in an attribute it never reads
+    (before: cut, refused by the check, cut again). One merging its heads to a number it counts
+    off its input's size, equal to that attribute, is cut, the check fails, and the prune keeps the heads
+    (one warning) and stays exact."""
     model = build("PixelAttention", 0)
     with pytest.warns(UserWarning, match=r"attention heads.*cut_heads=False"):
         result = slimming.prune(model, percent=0.5, example_inputs=example("PixelAttention"),
@@ -877,17 +901,23 @@ def test_cut_heads_false_keeps_heads_and_a_forward_that_fixes_their_width_falls_
     assert not result.retries and not [w for w in said if "did not match" in str(w.message)]
     assert "block.attn.qkv.0" not in result.layers or result.layers["block.attn.qkv.0"]["out"].all()
     assert outcome(build("PSA", 0), example("PSA"), 0.3) == "exact"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(build("PSAHeld", 0), percent=0.3, example_inputs=example("PSAHeld"),
+                                compensate=False)
+    assert not result.retries and not [w for w in said if "did not match" in str(w.message)]
+    assert outcome(build("PSAHeld", 0), example("PSAHeld"), 0.3) == "exact"
     with pytest.warns(UserWarning, match=r"the channels of block\.attn.* are kept: cut, the network did not"):
-        assert outcome(build("PSAHeld", 0), example("PSAHeld"), 0.3) == "exact"
+        assert outcome(build("PSACounted", 0), example("PSACounted"), 0.3) == "exact"
 
 
 @pytest.mark.parametrize("verify", [True, False])
 def test_what_the_check_or_the_run_refused_is_in_the_result(verify):
-    """YOLOv10's PSA holding the width it reads off its input: heads cut, refused, cut again
+    """YOLOv10's PSA merging its heads to a width counted off its input: heads cut, refused, cut again
     with them kept; result.retries says so, with what failed (the check's comparison, or the
     unchecked run); a cut nothing refused has none."""
     with pytest.warns(UserWarning, match="the channels of block.attn"):
-        result = slimming.prune(build("PSAHeld", 0), percent=0.3, example_inputs=example("PSAHeld"),
+        result = slimming.prune(build("PSACounted", 0), percent=0.3, example_inputs=example("PSACounted"),
                                 compensate=False, verify=verify)
     (retry,) = result.retries
     assert retry.kept == "sizes" and "block.attn" in retry.modules

@@ -50,7 +50,7 @@ class Listener(Protocol):
 
     def leave(self, name: str, module: nn.Module, args: tuple, out: Any) -> None: ...
 
-    def call(self, call: Call) -> None: ...
+    def call(self, call: Call) -> Any: ...  # None, or what the call gives the forward instead
 
 
 class CaptureError(Exception):
@@ -129,14 +129,16 @@ class _Mode(TorchFunctionMode):
         if not self.depth[0]:
             call = Call(func, args, kwargs, out)
             for listener in self.listeners:
-                _told(listener.call, call)
+                given = _told(listener.call, call)
+                out = out if given is None else given  # a shape read, its width marked (the walk's)
         return out
 
 
-def _told(tell: Callable, *what) -> None:
-    """A listener told ``what``; its own error is carried through the forward as it is."""
+def _told(tell: Callable, *what):
+    """A listener told ``what``, and what it answers; its own error is carried through the
+    forward as it is."""
     try:
-        tell(*what)
+        return tell(*what)
     except Exception as e:
         raise _Passed(e) from None
 

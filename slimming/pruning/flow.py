@@ -251,6 +251,21 @@ class TrackedInt(int):
 INTS = (int, TrackedInt)  # what an integer attribute is, during the trace too
 
 
+class ReadWidth(int):
+    """A traced tensor's width as the user's code read it off the tensor's shape during the
+    trace (``B, N, C = x.shape``: ``C``; ``x.size(-1)``): the same int, which says whose channels
+    it is (``source``, the tensor's map), so that a reshape given it is known to be sized by
+    that tensor, not by an attribute that equals it. Arithmetic on it gives plain ints."""
+
+    def __new__(cls, value: int, source):
+        self = super().__new__(cls, value)
+        self.source = source
+        return self
+
+    def __reduce__(self):  # a copy or a pickle made in the forward: the plain int
+        return int, (int(self),)
+
+
 @contextlib.contextmanager
 def compared_widths(model: nn.Module, found: list[tuple[str, str, int]]):
     """For the block, every integer attribute above 1 of the user's own modules (not torch's) is

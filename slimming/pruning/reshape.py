@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from .flow import INTS, TrackedInt
+from .flow import INTS, ReadWidth, TrackedInt
 from .graph import Map, Seg, pin_heads
 from .ops import HEAD_ATTRS, PERMUTE_OPS, Step, Walk, permutation
 
@@ -84,12 +84,19 @@ def _size_args(s: Step) -> tuple:
 
 
 def _read_width(w: Walk, s: Step, x: Map, k: int) -> Map:
-    """A split into the heads the running module holds (one, or more) whose head width is a
-    number the module read off another tensor's shape (diffusers' ``value.view(B, -1,
-    attn.heads, key.shape[-1] // attn.heads)``): ``x``'s channels tied to that tensor's, so
-    that the width it reads after the cut is ``x``'s own. ``x`` where the split is another."""
+    """A view whose channels are sized by a number the module read off another tensor's shape:
+    a split into the heads the running module holds (one, or more; diffusers' ``value.view(B,
+    -1, attn.heads, key.shape[-1] // attn.heads)``), or the channels as they are, sized by
+    another tensor's width itself (a ``ReadWidth``: timm's PVT-v2, ``self.sr(x).reshape(B, C,
+    -1)``, ``C`` the input's): ``x``'s channels tied to that tensor's, so that the width it
+    reads after the cut is ``x``'s own. ``x`` where the size is another."""
     sizes = _size_args(s)
-    if not w.stack or k == 0 or len(sizes) != s.out.dim() or type(sizes[k]) is not int:
+    if not w.stack or k == 0 or len(sizes) != s.out.dim():
+        return x
+    if isinstance(sizes[k], ReadWidth) and _spaces(sizes[k].source) != _spaces(x):
+        return w.g.tie(x, sizes[k].source, f"{w.where()}: a {s.op} to another tensor's width, read off "
+                       "its shape")
+    if type(sizes[k]) is not int:
         return x
     module = w.modules[w.stack[-1]]
     heads = {int(getattr(module, a)) for a in HEAD_ATTRS if type(getattr(module, a, None)) in INTS}
@@ -112,13 +119,20 @@ def _width_follows(w: Walk, s: Step, k: int) -> bool:
     """Whether the size a view or reshape gives its dimension ``k`` (the channels merged with
     the blocks before them) follows a cut: -1 (computed), or an integer attribute of the module
     running, which the cut sets (``surgery.update_widths``); not a number read off another
-    tensor's shape (EVA's ``reshape(B, N, C)`` after its heads, ``C`` its input's)."""
+    tensor's shape (EVA's ``reshape(B, N, C)`` after its heads, ``C`` its input's; also where
+    that number equals an attribute, PVT-v2's ``self.dim``: the trace gave ``C`` as a ``ReadWidth``)."""
     if s.op not in ("view", "reshape") or not w.stack:
         return True
     sizes = _size_args(s)
     if len(sizes) != s.out.dim() or not isinstance(sizes[k], int) or sizes[k] == -1:
         return True
+    if isinstance(sizes[k], ReadWidth) and _spaces(sizes[k].source) != _spaces(s.inputs[0][1]):
+        return False  # another tensor's width, read off its shape (PVT-v2's C, which equals self.dim)
     return sizes[k] in {int(v) for v in vars(w.modules[w.stack[-1]]).values() if type(v) in INTS}
+
+
+def _spaces(m: Map) -> set:
+    return {seg.space for seg in m.segs}
 
 
 def _kept_whole(w: Walk, x: Map, what: str, size: int) -> None:

@@ -40,7 +40,7 @@ from ..layers.attention import decomposed
 from ..layers.rules import RULES, is_layer, module_kind
 from ..utils.modules import modes_kept
 from .capture import Call, CaptureError, capture
-from .flow import INTS, Inputs, Params, compared_widths
+from .flow import INTS, Inputs, Params, ReadWidth, compared_widths
 from .graph import (
     ChannelGraph,
     GraphError,
@@ -282,7 +282,7 @@ class Walk:
         (what the inputs became and where parameters went: the other listeners, ``flow``)."""
         op = op_name(c.func)
         if op in META_OPS:
-            return self.read_shape(op, c.args)
+            return self.read_shape(op, c.args, c.out)
         args, kwargs, out = c.args, c.kwargs, c.out
         target = args[0] if args and isinstance(args[0], torch.Tensor) else None
         writes = target is not None and in_place(c.func, args, kwargs, out)
@@ -302,13 +302,19 @@ class Walk:
         if writes:
             _written(self, op, target, before, bool(inputs))
 
-    def read_shape(self, op: str, args: tuple) -> None:
+    def read_shape(self, op: str, args: tuple, out):
         """A module's code read a tracked tensor's shape (``key.shape``, ``x.size(1)``): the width
-        it read may size a view of other channels (``reshape.reshape``'s heads)."""
+        it read may size a view of other channels (``reshape.reshape``'s heads). What the code
+        gets has that width as a ``ReadWidth`` (the shape, else None: as it was), so that a
+        reshape given it later knows whose width it is."""
         x = self.get(args[0]) if op in ("shape", "size") and args and self.stack else None
         dim = args[1] if op == "size" and len(args) > 1 else None
-        if x is not None and (dim is None or isinstance(dim, int) and dim % args[0].dim() == x.dim):
-            self.read[self.stack[-1], x.channels] = x
+        if x is None or not (dim is None or isinstance(dim, int) and dim % args[0].dim() == x.dim):
+            return None
+        self.read[self.stack[-1], x.channels] = x
+        if isinstance(out, torch.Size) and x.dim < len(out) and type(out[x.dim]) is int:
+            return torch.Size([*out[:x.dim], ReadWidth(out[x.dim], x), *out[x.dim + 1:]])
+        return ReadWidth(out, x) if type(out) is int else None
 
     def follow(self, s: Step) -> None:
         """The handler of one op (``DISPATCH``, or a layer's rule by ``calls``)."""
