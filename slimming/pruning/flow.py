@@ -18,6 +18,10 @@ TensorFlow SAME padding a baked layer does again).
 are ``TrackedInt``s, which note where the user's code compares one as a number (``if
 x.shape[-1] < self.c``, ``min(self.window, H)``): a cut that lowered such a width would change
 what the forward decides, at every input size, and the trace keeps it.
+
+``ReadWidth``: a channel width the user's code read off a traced tensor's shape (``B, N, C =
+x.shape``), handed to the forward as the same int carrying that tensor's channels, so that a
+reshape sized by it (``reshape.reshape``) follows that tensor, not an attribute that equals it.
 """
 
 from __future__ import annotations
