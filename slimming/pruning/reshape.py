@@ -93,7 +93,7 @@ def _read_width(w: Walk, s: Step, x: Map, k: int) -> Map:
     sizes = _size_args(s)
     if not w.stack or k == 0 or len(sizes) != s.out.dim():
         return x
-    if isinstance(sizes[k], ReadWidth) and _spaces(sizes[k].source) != _spaces(x):
+    if _another_width(sizes[k], x):
         return w.g.tie(x, sizes[k].source, f"{w.where()}: a {s.op} to another tensor's width, read off "
                        "its shape")
     if type(sizes[k]) is not int:
@@ -126,13 +126,16 @@ def _width_follows(w: Walk, s: Step, k: int) -> bool:
     sizes = _size_args(s)
     if len(sizes) != s.out.dim() or not isinstance(sizes[k], int) or sizes[k] == -1:
         return True
-    if isinstance(sizes[k], ReadWidth) and _spaces(sizes[k].source) != _spaces(s.inputs[0][1]):
+    if _another_width(sizes[k], s.inputs[0][1]):
         return False  # another tensor's width, read off its shape (PVT-v2's C, which equals self.dim)
     return sizes[k] in {int(v) for v in vars(w.modules[w.stack[-1]]).values() if type(v) in INTS}
 
 
-def _spaces(m: Map) -> set:
-    return {seg.space for seg in m.segs}
+def _another_width(size, x: Map) -> bool:
+    """Whether ``size`` is a width read off the shape of a tensor whose channels are not ``x``'s."""
+    if not isinstance(size, ReadWidth):
+        return False
+    return {seg.space for seg in size.source.segs} != {seg.space for seg in x.segs}
 
 
 def _kept_whole(w: Walk, x: Map, what: str, size: int) -> None:
