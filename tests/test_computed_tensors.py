@@ -182,6 +182,82 @@ def test_timm_pyramid_attentions_merged_by_the_input_width_are_cut_in_one_check(
     assert sum(p.numel() for p in result.model.parameters()) < sum(p.numel() for p in model.parameters())
 
 
+def test_timm_tiny_vit_heads_merged_to_a_side_named_width_are_cut_in_one_check():
+    """timm's TinyViT merges its heads with ``reshape(B, N, self.out_dim)``, and ``out_dim``
+    (named as if the module's output) equals the residual stream's width: the attribute is the
+    merged heads' width, as the forward reads it, so a cut of the stream runs and is exact (before:
+    ``out_dim`` set to the stream's new width, the check refused it twice, then every
+    ``Attention`` was kept whole: 3.07x Torch-Pruning's time, RESULTS.md)."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.create_model("tiny_vit_5m_224", pretrained=False, num_classes=5, depths=(1, 1, 1, 1),
+                              window_sizes=(4, 4, 4, 2)).eval()
+    result, said = gated_cut(model, torch.randn(1, 3, 64, 64))
+    assert not result.retries and not [s for s in said if "did not" in s]
+    attns = [n for n, m in result.model.named_modules() if type(m).__name__ == "Attention"]
+    pruned = [result.model.get_submodule(n) for n in attns]
+    assert pruned and all(m.out_dim == m.proj.in_features for m in pruned)
+    # the stream the attention reads and writes is cut: out_dim, which equalled it, is not
+    assert any(result.model.get_submodule(n).proj.out_features < model.get_submodule(n).proj.out_features
+               for n in attns)
+
+
+class OneGroupNormNet(nn.Module):
+    """A norm over every channel as ``nn.GroupNorm(1, C)`` (timm's GroupNorm1, PoolFormer's) on
+    a stream a BatchNorm scores too, beside a hidden width a BatchNorm scores."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16))
+        self.norm = nn.GroupNorm(1, 16)
+        self.hidden = nn.Sequential(nn.Conv2d(16, 32, 1), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 16, 1),
+                                    nn.BatchNorm2d(16))
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.hidden(self.norm(x))
+        return self.head(x.mean((2, 3)))
+
+
+def test_a_group_norm_of_one_group_keeps_its_channels_from_the_start():
+    """A GroupNorm of one group normalises each channel by all of them: its channels are kept
+    from the first trace, and the rest is cut exactly with no retry (before: the cut left it
+    ``num_groups`` 0, the pruned network failed, and every GroupNorm was kept on a second cut)."""
+    torch.manual_seed(0)
+    model = OneGroupNormNet().eval()
+    sparsity_shaped(model, 0)
+    with torch.no_grad():
+        for norm in (model.stem[1], model.norm, model.hidden[4]):  # the stream's gammas want a cut
+            norm.weight[:6] = 1e-4
+    x = torch.randn(2, 3, 16, 16)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
+    assert not result.retries and not [w for w in said if "did not" in str(w.message)]
+    assert result.model.norm.num_channels == 16 and result.model.norm.num_groups == 1
+    assert result.model.hidden[1].num_features < 32
+    with torch.no_grad():
+        assert rel_diff(result.model(x), zeroed(model, result.masks)(x)) < 1e-5
+
+
+def test_timm_poolformer_group_norms_of_one_group_are_kept_from_the_start():
+    """timm's PoolFormer (MetaFormer with GroupNorm1 norms, 3.29x Torch-Pruning's time before,
+    RESULTS.md): one cut, exact, its norms whole and the MLPs cut."""
+    timm = pytest.importorskip("timm")
+    torch.manual_seed(0)
+    model = timm.models.metaformer.MetaFormer(
+        depths=(1, 1, 1, 1), dims=(16, 32, 48, 64), num_classes=5, norm_layers=timm.layers.GroupNorm1,
+        downsample_norm=None, mlp_act=nn.GELU, mlp_bias=True, use_mlp_head=False,
+        layer_scale_init_values=1e-5, res_scale_init_values=None).eval()
+    result, said = gated_cut(model, torch.randn(1, 3, 32, 32))
+    assert not result.retries and not [s for s in said if "did not" in s]
+    norms = [n for n, m in model.named_modules() if isinstance(m, nn.GroupNorm)]
+    assert norms and all(result.model.get_submodule(n).num_channels == model.get_submodule(n).num_channels
+                         for n in norms)
+    assert sum(p.numel() for p in result.model.parameters()) < sum(p.numel() for p in model.parameters())
+
+
 def test_torchvision_swin_reshape_by_the_input_width_is_kept_without_a_retry():
     """torchvision's Swin splits its heads by ``C // num_heads``, ``C`` the block's input width:
     its attentions keep their channels from the start (before: a failed check, then every

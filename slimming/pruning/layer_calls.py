@@ -79,6 +79,8 @@ def layer(w: Walk, s: Step) -> None:
     groups = arg(s.args, s.kwargs, 1, "num_groups") if kind == "group_norm" else 1
     if groups > 1:
         w.g.whole_blocks(x, groups)
+    elif kind == "group_norm" and groups == 1 and x.channels > 1:  # timm's GroupNorm1 (PoolFormer's)
+        w.g.pin(x, f"{name}: a group_norm of one group normalises each channel by all of them")
     if ignored and rule.scores:
         w.g.pin(x, w.why_kept(name))
     if name is not None:

@@ -63,15 +63,17 @@ def reshape(w: Walk, s: Step) -> None:
                 and math.prod(after[k + 1:]) == inner:
             if not _width_follows(w, s, k):  # reshape(B, N, C), C read off the input's shape
                 _kept_whole(w, x, f"a {op} to a width the module does not hold ({after[k]})", after[k])
-            elif _held(w, s, k):  # reshape(..., self.all_head_size): that attribute must follow the cut
-                w.traced.widths.split_sizes.append((w.running(), after[k]))
             heads = w.g.heads.get(x.segs[0].space) if len(x.segs) == 1 else None
             if heads is not None and len(heads[1]) == outer == before[d - 1]:  # heads merged, in order
-                s = x.segs[0]
-                merged = Map([Seg(p, s.start, s.length, s.gated) for p in heads[1]], 1, k)
+                seg = x.segs[0]
+                merged = Map([Seg(p, seg.start, seg.length, seg.gated) for p in heads[1]], 1, k)
                 w.traced.widths.merges.setdefault(w.stack[-1], []).append(merged)  # its width: an attribute's
-                return w.set(out, merged)
-            return w.set(out, Map(x.segs * outer, 1, k))  # channel c at every block
+            else:
+                merged = Map(x.segs * outer, 1, k)  # channel c at every block
+            if (attr := _held(w, s, k)) is not None:  # reshape(..., self.all_head_size): it follows the cut
+                w.traced.widths.split_sizes.append((w.running(), after[k]))
+                w.traced.widths.held.setdefault((w.running(), attr), []).append(merged)
+            return w.set(out, merged)
     # what it gives keeps the layout its input had: channels last (tokens, heads) stay last
     w.opaque(op, f"{_not_followed(after, prefix, head, c)}: {before} to {after}", [x], out,
              len(after) - 1 if d == len(before) - 1 else d)
@@ -106,13 +108,13 @@ def _read_width(w: Walk, s: Step, x: Map, k: int) -> Map:
     return w.g.tie(x, source, f"{w.where()}: a {s.op} to a width read off another tensor's shape")
 
 
-def _held(w: Walk, s: Step, k: int) -> bool:
-    """Whether the size given to dimension ``k`` is an integer attribute of the module running
-    itself, read as it is (a ``TrackedInt`` of that module: Hugging Face's ``all_head_size``),
-    not a number that only equals one."""
+def _held(w: Walk, s: Step, k: int) -> str | None:
+    """The integer attribute of the module running that sizes dimension ``k``, read as it is
+    (a ``TrackedInt`` of that module: Hugging Face's ``all_head_size``, TinyViT's ``out_dim``);
+    None where the size is not one (a number that only equals one)."""
     sizes = _size_args(s) if s.op in ("view", "reshape") else ()
     size = sizes[k] if len(sizes) == s.out.dim() else None
-    return isinstance(size, TrackedInt) and size.where[0] == w.running()
+    return size.where[1] if isinstance(size, TrackedInt) and size.where[0] == w.running() else None
 
 
 def _width_follows(w: Walk, s: Step, k: int) -> bool:

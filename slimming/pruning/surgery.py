@@ -209,7 +209,9 @@ def _module_widths(name: str, module: nn.Module, traced: Traced, group_masks: di
                 _change(module, WidthChange(name, attr, value, next(iter(groups[value])), True), changed)
             continue
         side = _side(attr)  # out_channels: the width of what it gives, in_chs: of what it reads
-        if side is not None:
+        if (name, attr) in found_widths.held:  # the forward sized a view by it: that view's width
+            found = widths_of(found_widths.held[(name, attr)]).get(value)
+        elif side is not None:
             found = widths_of(found_widths.sides.get((name, side), [])).get(value)
         else:
             found = next((w[value] for w in sources if value in w), None)

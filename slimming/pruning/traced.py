@@ -37,6 +37,9 @@ class Widths:
     # module -> (groups, the channels it convolved depthwise) for F.conv2d calls in its forward
     group_counts: dict[str, list[tuple[int, Map]]] = field(default_factory=dict)
     merges: dict[str, list[Map]] = field(default_factory=dict)  # module -> heads merged (N, L, heads * D)
+    # (module, attribute) -> what a view sized by that attribute itself merged (TinyViT's
+    # ``reshape(B, N, self.out_dim)``): its width, whatever the attribute's name says
+    held: dict[tuple[str, str], list[Map]] = field(default_factory=dict)
     # layers run on what carries no channels (Swin-v2's position-bias MLP)
     headless: list[str] = field(default_factory=list)
 
