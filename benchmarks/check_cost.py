@@ -89,6 +89,7 @@ def parts(name: str) -> str:
 
     import torch_pruning as tp
 
+    from slimming.pruning import plans as plan_module
     from slimming.pruning import prune as prune_module
     from slimming.pruning.repair import probe_like
 
@@ -132,8 +133,8 @@ def parts(name: str) -> str:
                 "checked prune": lambda: slimming.prune(model, **options), "Torch-Pruning": theirs}
         times = {k: [] for k in runs}
         split = {"trace": [], "build": []}
-        saved = prune_module.trace, prune_module._cut
-        prune_module.trace, prune_module._cut = timing(saved[0], "trace"), timing(saved[1], "build")
+        saved = plan_module.trace, prune_module._cut  # the trace is the plan's first step
+        plan_module.trace, prune_module._cut = timing(saved[0], "trace"), timing(saved[1], "build")
         try:
             for _ in range(9):
                 for key, fn in runs.items():
@@ -145,7 +146,7 @@ def parts(name: str) -> str:
                         for part in split:
                             split[part].append(spent[part])
         finally:
-            prune_module.trace, prune_module._cut = saved
+            plan_module.trace, prune_module._cut = saved
     ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
     ms["original, fingerprinted"] -= ms["pruned, fingerprinted"]  # it ran the pruned one first
     fwd = ms["original"]

@@ -1,11 +1,13 @@
 """verify=False cuts what the checked call cuts (issue 44, item 8) on Hugging Face networks that
 merge their heads by an attribute they hold (``all_head_size``): Swin-v2, YOLOS, MobileViT,
-built small from their configs with random weights, gates per head and per MLP width
+built small from their configs with random weights, and the three timm networks the issue
+named (``vitamin_small_224``, ``csatv2``, ``hiera_tiny_224``, at their own input sizes,
+``--timm``), gates per head and per MLP width
 (``add_gates``), sparsity-shaped factors (seed 0), 30% of the channels, no compensation. Prints,
 checked and unchecked, the share of the parameters cut and the retries, and how many factor
 layers' masks differ. Needs ``transformers`` (not a dependency: pip install transformers).
 
-    python benchmarks/unchecked_cuts.py [--seeds 0,1,2]
+    python benchmarks/unchecked_cuts.py [--seeds 0,1,2] [--timm]
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ def networks() -> dict:
     }, side
 
 
+def timm_networks() -> dict:
+    """name -> (builder, example) for the timm networks the issue named."""
+    import timm
+    out = {}
+    for n in ("vitamin_small_224", "csatv2", "hiera_tiny_224"):
+        cfg = timm.models.get_pretrained_cfg(n)
+        out[f"timm {n}"] = (lambda n=n: timm.create_model(n, pretrained=False, num_classes=10),
+                            torch.zeros(1, *cfg.input_size))
+    return out
+
+
 class Logits(nn.Module):
     """The network called on pixels, its first output (logits) as the output."""
 
@@ -50,12 +63,17 @@ class Logits(nn.Module):
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--seeds", default="0")
+    p.add_argument("--timm", action="store_true", help="the timm networks instead")
     args = p.parse_args()
-    builds, x = networks()
-    for name, build in builds.items():
+    if args.timm:
+        found = timm_networks()
+    else:
+        builds, side = networks()
+        found = {name: (lambda b=build: Logits(b()), side) for name, build in builds.items()}
+    for name, (build, x) in found.items():
         for seed in (int(s) for s in args.seeds.split(",")):
             torch.manual_seed(seed)
-            model = Logits(build()).eval()
+            model = build().eval()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 slimming.add_gates(model, x)

@@ -77,6 +77,33 @@ def test_modes_kept_puts_back_what_a_forward_set_added_or_filled():
     assert model.attn.window_size == 4 and model.attn.masks == {} and model.attn.calls == 0
 
 
+class Filling(nn.Module):
+    """A forward that changes containers which held something: a dict's value replaced, a key
+    added, a list grown, a set emptied; and a buffer registered on a torch layer it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+        self.table, self.seen, self.tags = {"a": 1, "b": [2]}, [object()], {"x"}
+
+    def forward(self, x):
+        self.table["a"], self.table["c"] = object(), 3
+        self.seen.append(x)
+        self.tags.clear()
+        self.conv.register_buffer("cache", x.detach())
+        return self.conv(x)
+
+
+def test_modes_kept_puts_back_containers_that_held_something_as_they_were():
+    model = Filling()
+    table, b, first = model.table, model.table["b"], model.seen[0]
+    with modes_kept(model):
+        model(torch.zeros(1, 3, 2, 2))
+    assert model.table is table and list(model.table.items()) == [("a", 1), ("b", b)]
+    assert model.seen == [first] and model.seen[0] is first and model.tags == {"x"}
+    assert "cache" not in model.conv._buffers and set(model.conv.state_dict()) == {"weight", "bias"}
+
+
 @pytest.mark.parametrize("how", [dict(percent=0.4), dict(target_flops=0.6),
                                  dict(percent=0.4, compensate=True), dict(percent=0.4, verify=False)])
 def test_prune_leaves_a_model_whose_forward_sets_its_own_attributes_as_given(how):
