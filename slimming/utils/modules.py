@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
+import operator
 
 import torch
 from torch import nn
@@ -137,19 +139,43 @@ def modes_kept(model: nn.Module):
 
 
 _CONTAINERS = (dict, list, set, collections.OrderedDict)
+# torch's own layers, whose forward sets no attribute of theirs (their buffers, a BatchNorm's
+# counts, are put back as every buffer is): of a module that runs one's forward, only the
+# containers of what it holds are watched, not its hooks' dicts
+_PLAIN = {"activation", "batchnorm", "channelshuffle", "container", "conv", "dropout", "flatten",
+          "instancenorm", "linear", "normalization", "padding", "pixelshuffle", "pooling", "upsampling"}
+_HELD = ("_parameters", "_buffers", "_modules")
+
+
+@functools.cache
+def _plain(cls: type) -> bool:
+    """Whether ``cls`` runs the forward of one of torch's own layers in ``_PLAIN`` (torchvision's
+    ``Conv2dNormActivation`` is a ``Sequential``), not a lazy one (it becomes another class in
+    its first forward)."""
+    module = getattr(cls.forward, "__module__", None) or ""
+    return module.startswith("torch.nn.modules.") and module.rsplit(".", 1)[1] in _PLAIN \
+        and not issubclass(cls, nn.modules.lazy.LazyModuleMixin)
 
 
 def _attributes(m: nn.Module) -> tuple[nn.Module, dict, dict]:
-    """(``m``, its attributes, what each plain container among them holds): what ``modes_kept``
-    puts back."""
+    """(``m``, its attributes, what each container among them holds: None where it is empty,
+    most hooks' dicts, which need only be empty again; a dict's keys and values in order):
+    what ``modes_kept`` puts back."""
     values = vars(m)
-    return m, dict(values), {k: (list(v.items()) if isinstance(v, dict) else list(v))
-                             for k, v in values.items() if type(v) in _CONTAINERS}
+    keys = _HELD if _plain(type(m)) else [k for k, v in values.items() if type(v) in _CONTAINERS]
+    boxes = [(k, v) for k in keys if type(v := values.get(k)) in _CONTAINERS]
+    return m, dict(values), {k: None if not v else (tuple(v), tuple(v.values())) if isinstance(v, dict)
+                             else list(v) for k, v in boxes}
+
+
+def _same(a, b) -> bool:
+    """Whether two sequences hold the very same objects, in order."""
+    return all(map(operator.is_, a, b))
 
 
 def _put_back(m: nn.Module, values: dict, contents: dict) -> None:
     now = vars(m)
-    if len(now) != len(values) or any(now.get(k, now) is not v for k, v in values.items()):
+    if len(now) != len(values) or not (_same(now.values(), values.values()) and _same(now, values)):
         for key in [k for k in now if k not in values]:  # added by the block
             del now[key]
         for key, v in values.items():  # set by the block (an int, a tensor, a module's class)
@@ -157,17 +183,26 @@ def _put_back(m: nn.Module, values: dict, contents: dict) -> None:
                 now[key] = v
     for key, held in contents.items():
         box = values[key]
-        if not _holds(box, held):
+        if held is None:
+            if box:
+                box.clear()
+        elif not _holds(box, held):
             box.clear()
-            box.update(held) if isinstance(box, (dict, set)) else box.extend(held)
+            if isinstance(box, dict):
+                box.update(zip(*held))
+            else:
+                box.update(held) if isinstance(box, set) else box.extend(held)
 
 
-def _holds(box, held: list) -> bool:
-    """Whether the container ``box`` holds what ``held`` listed, the very objects."""
+def _holds(box, held) -> bool:
+    """Whether the container ``box`` holds what ``held`` listed, the very objects (a dict: the
+    same keys with the same values, in order or not)."""
+    if isinstance(box, dict):
+        keys, values = held
+        return len(box) == len(keys) and ((_same(box, keys) and _same(box.values(), values))
+                                          or all(box.get(k, box) is v for k, v in zip(keys, values)))
     if len(box) != len(held):
         return False
-    if isinstance(box, dict):
-        return all(box.get(k, box) is v for k, v in held)
     if isinstance(box, set):
         return all(x in box for x in held)
-    return all(a is b for a, b in zip(box, held))
+    return _same(box, held)
