@@ -144,17 +144,22 @@ _CONTAINERS = (dict, list, set, collections.OrderedDict)
 # containers of what it holds are watched, not its hooks' dicts
 _PLAIN = {"activation", "batchnorm", "channelshuffle", "container", "conv", "dropout", "flatten",
           "instancenorm", "linear", "normalization", "padding", "pixelshuffle", "pooling", "upsampling"}
-_HELD = ("_parameters", "_buffers", "_modules")
+_HELD = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
+_OWN_NAMES = {"__init__", "__module__", "__qualname__", "__doc__", "__annotations__", "__dict__",
+              "__weakref__", "__firstlineno__", "__static_attributes__"}
 
 
 @functools.cache
 def _plain(cls: type) -> bool:
-    """Whether ``cls`` runs the forward of one of torch's own layers in ``_PLAIN`` (torchvision's
-    ``Conv2dNormActivation`` is a ``Sequential``), not a lazy one (it becomes another class in
-    its first forward)."""
-    module = getattr(cls.forward, "__module__", None) or ""
-    return module.startswith("torch.nn.modules.") and module.rsplit(".", 1)[1] in _PLAIN \
-        and not issubclass(cls, nn.modules.lazy.LazyModuleMixin)
+    """Whether ``cls`` is one of torch's own layers in ``_PLAIN``, or a class that adds nothing
+    to one but its ``__init__`` (torchvision's ``Conv2dNormActivation``, a ``Sequential``); not a
+    lazy one (it becomes another class in its first forward)."""
+    torch_layer = next((c for c in cls.__mro__ if c.__module__.startswith("torch.nn.modules.")), None)
+    if torch_layer is None or torch_layer.__module__.rsplit(".", 1)[1] not in _PLAIN \
+            or issubclass(cls, nn.modules.lazy.LazyModuleMixin):
+        return False
+    mine = cls.__mro__[:cls.__mro__.index(torch_layer)]
+    return all(set(vars(c)) <= _OWN_NAMES for c in mine)
 
 
 def _attributes(m: nn.Module) -> tuple[nn.Module, dict, dict]:
