@@ -308,3 +308,28 @@ def test_save_and_load_pruned_refuse_odd_arguments_in_one_line(tmp_path):
         assert e.value.params == (param,) and "\n" not in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]  # nothing written
     assert (tmp_path / "file").read_text() == "x" and not list((tmp_path / "folder").iterdir())
+
+
+def test_a_weight_cut_along_two_dims_in_one_pass_is_the_two_cuts_one_after_the_other():
+    """utils.modules.keep_along, which the layer rules cut with: a convolution's weight cut
+    along its outputs and inputs at once (one gather over the kept kernels) holds exactly what
+    index_select along one dim and then the other gives, over random shapes, masks, dims in
+    either order and a channels-last weight, in new memory."""
+    from slimming.utils.modules import keep_along
+
+    gen = torch.Generator().manual_seed(0)
+    for i in range(100):
+        shape = [int(n) for n in torch.randint(1, 9, (int(torch.randint(2, 6, (1,), generator=gen)),),
+                                                generator=gen)]
+        t = torch.randn(shape, generator=gen)
+        if t.dim() == 4 and i % 3 == 0:
+            t = t.to(memory_format=torch.channels_last)
+        masks = [torch.rand(n, generator=gen) < 0.6 for n in shape[:2]]
+        for m in masks:
+            m[int(torch.randint(len(m), (1,), generator=gen))] = True
+        cuts = [(0, masks[0]), (1, masks[1])][::(-1) ** i]
+        want = t.index_select(0, masks[0].nonzero().flatten()).index_select(1, masks[1].nonzero().flatten())
+        got = keep_along(t, cuts)
+        assert torch.equal(got, want) and got.data_ptr() != t.data_ptr()
+        dim, mask = cuts[0]
+        assert torch.equal(keep_along(t, cuts[:1]), t.index_select(dim, mask.nonzero().flatten()))

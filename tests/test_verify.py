@@ -515,3 +515,76 @@ def test_check_inputs_make_the_check_compare_on_the_users_own_value_range():
         assert e.value.params == ("check_inputs",)
     with pytest.raises(slimming.SlimmingError, match="give verify=True"):
         slimming.prune(model, percent=0.3, example_inputs=example, check_inputs=raw, verify=False)
+
+
+class _Convolutions(torch.overrides.TorchFunctionMode):
+    """Counts the convolutions whose arithmetic runs (a mode below any the trace or the run
+    pushes: a convolution they answer by its shape alone never reaches it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in (torch.conv1d, torch.conv2d, torch.conv3d)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("arch", ["resnet18", "mobilenet_v3_small"])
+def test_the_unchecked_run_of_a_blank_example_asks_only_that_the_shapes_agree(arch):
+    """verify=False on an all-zero example (default_example's): the pruned network runs on it
+    as the trace ran the original, every convolution answered by its output's shape (no
+    arithmetic: most of that forward's time), and the network it gives runs and is the same as
+    the one a run on noise vouched for; on a real image it runs on noise, arithmetic and all."""
+    model = torchvision.models.get_model(arch, weights=None, num_classes=10).eval()
+    sparsity_shaped(model, 0)
+    zeros, image = torch.zeros(1, 3, 64, 64), torch.rand(1, 3, 64, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with _Convolutions() as blank:
+            unchecked = slimming.prune(model, percent=0.4, example_inputs=zeros, verify=False,
+                                       compensate=False)
+        with _Convolutions() as real:
+            on_image = slimming.prune(model, percent=0.4, example_inputs=image, verify=False,
+                                      compensate=False)
+        checked = slimming.prune(model, percent=0.4, example_inputs=zeros, compensate=False)
+    assert blank.count == 0 < real.count
+    assert all(torch.equal(a, b) and torch.equal(a, c)
+               for a, b, c in zip(unchecked.cfg_mask, on_image.cfg_mask, checked.cfg_mask))
+    assert_exact(model, unchecked, torch.randn(2, 3, 64, 64))
+
+
+def test_a_convolution_answered_by_its_shape_refuses_what_a_real_one_refuses():
+    """capture.ShapesOnly, what the unchecked run of a blank example runs under: over random
+    convolutions, some of them wrong as a bad cut leaves them (input channels, groups that do
+    not divide the outputs, a bias of another length or dtype, an input of another dtype), it
+    raises exactly where the real convolution raises, and otherwise gives zeros of the shape
+    the real one gives."""
+    from slimming.pruning.capture import ShapesOnly
+
+    gen = torch.Generator().manual_seed(0)
+    refused = 0
+    for _ in range(200):
+        d = int(torch.randint(1, 4, (1,), generator=gen))
+        pick = lambda *xs: xs[int(torch.randint(len(xs), (1,), generator=gen))]  # noqa: E731
+        groups, c_in, c_out = pick(1, 2, 4), pick(4, 8), pick(4, 6, 8)
+        w = torch.randn(c_out, c_in // groups + pick(0, 0, 1), *[pick(1, 3)] * d, generator=gen)
+        bias = pick(None, torch.randn(c_out), torch.randn(c_out + 1), torch.randn(c_out).double())
+        x = torch.zeros(1, c_in, *[pick(4, 7)] * d, dtype=pick(torch.float32, torch.float32, torch.float64))
+        stride, padding, dilation = (pick(1, 2),) * d, (pick(0, 1),) * d, (1,) * d  # as nn.Conv2d gives them
+        conv = (F.conv1d, F.conv2d, F.conv3d)[d - 1]
+        try:
+            want = conv(x, w, bias, stride, padding, dilation, groups)
+        except RuntimeError:
+            want = None
+        try:
+            with ShapesOnly():
+                got = conv(x, w, bias, stride, padding, dilation, groups)
+        except RuntimeError:
+            got = None
+        assert (got is None) == (want is None)
+        if want is None:
+            refused += 1
+        else:
+            assert got.shape == want.shape and got.dtype == want.dtype and not got.any()
+    assert 20 < refused < 180  # both kinds were tried

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError, SlimmingError, clip
-from ..utils.modules import keep_slices, set_tensor
+from ..utils.modules import keep_along, keep_slices, set_tensor
 
 BN_TENSORS = {"weight": 0, "bias": 0, "running_mean": 0, "running_var": 0}
 
@@ -76,8 +76,15 @@ class LayerRule:
             rest = {role: dim for role, dim in self.makes.items() if role != "weight"}
             self._cut(module, rest, keep.get("out"), attrs)
         else:
+            cuts: dict[str, list[tuple[int, torch.Tensor]]] = {}  # attribute -> its (dim, mask)s
             for tensors, side in ((self.reads, "in"), (self.makes, "out"), (self.carries, "channels")):
-                self._cut(module, tensors, keep.get(side), attrs)
+                if keep.get(side) is not None:
+                    for role, dim in tensors.items():
+                        cuts.setdefault(attrs.get(role, role), []).append((dim, keep[side]))
+            for attr, dims in cuts.items():
+                t = getattr(module, attr, None)
+                if isinstance(t, torch.Tensor):
+                    _set(module, attr, keep_along(t, dims))
         for attr, side in self.widths.items():
             mask = keep.get(side)
             value = getattr(module, attr, None)

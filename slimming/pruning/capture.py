@@ -85,14 +85,13 @@ def capture(model: nn.Module, inputs: tuple, listeners: Sequence[Listener], trai
                 _told(listener.leave, name, module, args, out)
         return hook
 
-    blank = not any(bool(t.any()) for t in inputs if isinstance(t, torch.Tensor))
     named = list(model.named_modules())
     try:
         model.train(training)
         try:
             with hooked(pre=[(m, enter(name, m)) for name, m in named],
                         post=[(m, leave(name, m)) for name, m in named]), \
-                    torch.no_grad(), _Mode(listeners, depth, blank):
+                    torch.no_grad(), _Mode(listeners, depth, blank(inputs)):
                 return model(*inputs)
         except _Passed as e:
             raise e.error from None
@@ -143,15 +142,38 @@ def _told(tell: Callable, *what):
         raise _Passed(e) from None
 
 
+def blank(inputs: tuple) -> bool:
+    """Whether no input tensor holds a value other than zero (``default_example``'s, the
+    network table's): a forward of it carries no values to follow."""
+    return not any(bool(t.any()) for t in inputs if isinstance(t, torch.Tensor))
+
+
+class ShapesOnly(TorchFunctionMode):
+    """For the block, a convolution gives zeros of the shape it would give (``_conv_shape``)
+    and everything else runs as it is: a forward of a blank input exactly as ``capture`` ran
+    the original, which asks of a cut network only whether its shapes agree (``verify.runs``).
+    Arguments a real convolution would refuse (channels, groups, a bias, a dtype or a device
+    that do not fit its weight) run it, so that it says so."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = _conv_shape(args, kwargs) if func in _SHORTCUT else None
+        return func(*args, **kwargs) if out is None else out
+
+
 def _conv_shape(args, kwargs) -> torch.Tensor | None:
     """Zeros of the shape ``F.convNd`` would give (None where the arguments are not the plain
-    ones): what a blank example needs of a convolution, without its arithmetic."""
+    ones, or ones it would refuse): what a blank example needs of a convolution, without its
+    arithmetic."""
     if kwargs or len(args) != 7 or not isinstance(args[0], torch.Tensor) or args[0].dim() < 3:
         return None
-    x, w, _, stride, padding, dilation, groups = args
+    x, w, b, stride, padding, dilation, groups = args
     d = x.dim() - 2
     if not all(isinstance(v, (tuple, list)) and len(v) == d for v in (stride, padding, dilation)) \
-            or not isinstance(w, torch.Tensor) or w.dim() != x.dim() or x.shape[1] != w.shape[1] * groups:
+            or not isinstance(w, torch.Tensor) or w.dim() != x.dim() or x.shape[1] != w.shape[1] * groups \
+            or w.shape[0] % groups or (w.dtype, w.device) != (x.dtype, x.device) \
+            or not (b is None or isinstance(b, torch.Tensor) and b.shape == w.shape[:1]
+                     and (b.dtype, b.device) == (w.dtype, w.device)):
         return None
     size = [(n + 2 * p - dl * (k - 1) - 1) // s + 1 for n, p, dl, k, s in
             zip(x.shape[2:], padding, dilation, w.shape[2:], stride)]

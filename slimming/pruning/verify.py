@@ -24,6 +24,7 @@ from torch import nn
 
 from ..errors import first_line
 from ..utils.modules import hooked, modes_kept
+from .capture import ShapesOnly, blank
 from .graph import GraphError
 from .norms import kept_statistics
 from .ops import leaves, picker
@@ -153,10 +154,18 @@ def check_second(original: nn.Module, result, smaller, output_transform=None) ->
 def runs(result, example) -> None:
     """What ``verify=False`` still asks: ``result.model`` runs, in eval mode, on a random input
     of the example's shape (one forward of the pruned network); GraphError naming the module
-    it fails in where it does not, as ``check`` says it."""
-    pruned = result.model
+    it fails in where it does not, as ``check`` says it. On a blank example (all zeros, as
+    ``default_example`` makes) of a forward that read no values into Python
+    (``result.value_reads``), it runs on that example as the trace ran the original, its
+    convolutions giving zeros of their output's shape (``capture.ShapesOnly``): the same calls
+    at the same shapes, which is what a cut can get wrong, without their arithmetic."""
+    pruned, inputs = result.model, as_inputs(example)
     with modes_kept(pruned):
-        _forward(pruned.eval(), probe_like(example))
+        if blank(inputs) and not result.value_reads:
+            with ShapesOnly():
+                _forward(pruned.eval(), inputs)
+        else:
+            _forward(pruned.eval(), probe_like(example))
 
 
 def _forward(pruned: nn.Module, inputs: tuple):

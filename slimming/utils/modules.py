@@ -48,6 +48,22 @@ def keep_slices(t: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tens
     return t.detach().index_select(dim, mask.nonzero().squeeze(1).to(t.device))
 
 
+def keep_along(t: torch.Tensor, cuts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """``t`` with each (dim, bool mask) of ``cuts`` keeping its slices along that dim, in new
+    memory. A convolution's weight cut along its outputs and its inputs (dims 0 and 1) at once
+    is gathered in one pass over the kept kernels: a second pass over a copy of the kept rows
+    is a third of the time a cut takes on a ResNet's 3x3 weights."""
+    t = t.detach()
+    if sorted(d for d, _ in cuts) == [0, 1] and t.dim() > 2 and t[0, 0].numel() > 1 and t.is_contiguous():
+        rows, cols = (m.nonzero().squeeze(1).to(t.device) for _, m in sorted(cuts, key=lambda c: c[0]))
+        n = t.shape[1]
+        kernels = (rows[:, None] * n + cols[None, :]).flatten()
+        return t.reshape(len(t) * n, -1).index_select(0, kernels).view(len(rows), len(cols), *t.shape[2:])
+    for dim, mask in cuts:
+        t = keep_slices(t, mask, dim)
+    return t
+
+
 def set_tensor(m: nn.Module, name: str, value: torch.Tensor | None, parameter: bool) -> None:
     """Replace ``m.name`` by ``value`` (a Parameter keeping the old one's requires_grad when
     ``parameter``); nothing when ``value`` is None."""
