@@ -52,10 +52,11 @@ def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
                 bn = model.get_submodule(name)
                 if bool(keep.all()):
                     continue
+                cut = ~keep
                 for t in (bn.weight, getattr(bn, "bias", None)):
-                    if t is not None:
+                    if t is not None:  # the cut slices along dim 0 (t[~keep] = 0), one kernel
                         saved.append((t, t.detach().clone()))
-                        t.detach()[~keep.to(t.device)] = 0
+                        t.detach().masked_fill_(cut.to(t.device).view(-1, *[1] * (t.dim() - 1)), 0)
         with kept_statistics(model, masks):
             yield model
     finally:
@@ -328,8 +329,10 @@ def fingerprints(model: nn.Module, kept: dict[str, torch.Tensor] | None = None, 
         return variants
 
     # an activation's output is its input's, element by element: where that input is right, so
-    # is the activation's, and it cannot be where a wrong cut starts
-    names = {id(m): name for name, m in model.named_modules() if not name or type(m) not in ELEMENTWISE}
+    # is the activation's, and it cannot be where a wrong cut starts; a Sequential's is its last
+    # child's (or an activation's of the one before), fingerprinted there
+    names = {id(m): name for name, m in model.named_modules()
+             if not name or not (type(m) in ELEMENTWISE or type(m).forward is nn.Sequential.forward)}
 
     def record(m, args, out) -> None:
         name = names.get(id(m))
