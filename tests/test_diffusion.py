@@ -151,11 +151,83 @@ def test_inputs_without_any_channel_dimension_are_still_one_line():
     assert "\n" not in str(e.value)
 
 
+class ScaleShiftBlock(nn.Module):
+    """diffusers' ``ResnetBlock2D`` with ``time_embedding_norm="scale_shift"`` (AdaGN): the
+    projection gives a scale and a shift of the normalised map, ``norm2(h) * (1 + scale) +
+    shift``, after the factor that scores those channels."""
+
+    def __init__(self, cin: int, cout: int, temb: int, groups: int = 4):
+        super().__init__()
+        self.norm1, self.conv1 = nn.GroupNorm(groups, cin), nn.Conv2d(cin, cout, 3, padding=1)
+        self.time_emb_proj = nn.Linear(temb, 2 * cout)
+        self.norm2, self.conv2 = nn.GroupNorm(groups, cout), nn.Conv2d(cout, cout, 3, padding=1)
+        self.shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x, temb):
+        h = self.conv1(nn.functional.silu(self.norm1(x)))
+        scale, shift = self.time_emb_proj(nn.functional.silu(temb))[:, :, None, None].chunk(2, dim=1)
+        h = self.conv2(nn.functional.silu(self.norm2(h) * (1 + scale) + shift))
+        return self.shortcut(x) + h
+
+
+class FiLMNet(nn.Module):
+    """Blocks modulated by what another input became: a timestep's embedding through an MLP
+    (a diffusion UNet's AdaGN), or a class label's (``nn.Embedding``: FiLM's conditioning)."""
+
+    def __init__(self, by: str, c: int = 16, temb: int = 32):
+        super().__init__()
+        self.by, self.temb = by, temb
+        self.embed = nn.Embedding(10, temb) if by == "label" else nn.Linear(temb, temb)
+        self.conv_in = nn.Conv2d(3, c, 3, padding=1)
+        self.b1, self.b2 = ScaleShiftBlock(c, 2 * c, temb), ScaleShiftBlock(2 * c, 2 * c, temb)
+        self.out = nn.Sequential(nn.GroupNorm(4, 2 * c), nn.SiLU(), nn.Conv2d(2 * c, 3, 3, padding=1))
+
+    def forward(self, x, t):
+        e = self.embed(t) if self.by == "label" else self.embed(timestep_embedding(t, self.temb))
+        return self.out(self.b2(self.b1(self.conv_in(x), e), e))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("by", ["timestep", "label"])
+def test_a_scale_and_shift_from_another_input_are_cut_with_the_channels_they_meet(by, seed):
+    """Issue 47, item 2: FiLM and AdaGN's ``norm(h) * (1 + scale) + shift``, both from a
+    projection of what another input became. A cut channel's scale and shift rows go with it
+    (zeroed in the reference, ``result.masks``, as its gamma and beta are), so the norms before
+    them are cut (before, the shift kept every such channel); exact against the zeroed original
+    at other inputs, compensated or not."""
+    torch.manual_seed(seed)
+    model = FiLMNet(by).eval()
+    sparsity_shaped(model, seed)
+    t = torch.tensor([3]) if by == "label" else torch.tensor([10])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = slimming.prune(model, percent=0.3, example_inputs=(torch.zeros(1, 3, 16, 16), t),
+                                compensate=False)
+        compensated = slimming.prune(model, percent=0.3, example_inputs=(torch.zeros(1, 3, 16, 16), t))
+    assert any(result.cfg[f"{b}.norm2"] < 32 for b in ("b1", "b2"))  # cut, the shift notwithstanding
+    for block in ("b1", "b2"):
+        keep = result.masks[f"{block}.norm2"]
+        rows = result.masks.get(f"{block}.time_emb_proj", torch.ones(64, dtype=torch.bool))  # there where cut
+        assert torch.equal(rows, torch.cat([keep, keep]))  # its scale's and its shift's
+        assert getattr(result.model, block).time_emb_proj.out_features == 2 * int(keep.sum())
+    ts = torch.tensor([1, 7]) if by == "label" else torch.tensor([3, 900])
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert rel_diff(result.model(x, ts), zeroed(model, result.masks)(x, ts)) < 1e-5
+        assert compensated.model(x, ts).shape == (2, 3, 16, 16)
+    assert slimming.count_params(result.model) < 0.85 * slimming.count_params(model)
+
+
 DIFFUSERS = {
     "UNet2DModel": lambda d: (d.UNet2DModel(
         sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(32, 64),
         norm_num_groups=8, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
         up_block_types=("AttnUpBlock2D", "UpBlock2D")), (torch.zeros(1, 3, 16, 16), torch.tensor([10]))),
+    "UNet2DModel scale_shift": lambda d: (d.UNet2DModel(  # AdaGN: the timestep's scale and shift
+        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(32, 64),
+        norm_num_groups=8, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"), resnet_time_scale_shift="scale_shift"),
+        (torch.zeros(1, 3, 16, 16), torch.tensor([10]))),
     "UNet2DConditionModel": lambda d: (d.UNet2DConditionModel(
         sample_size=16, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
         norm_num_groups=8, cross_attention_dim=32, attention_head_dim=8,

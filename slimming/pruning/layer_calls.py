@@ -50,7 +50,9 @@ def layer(w: Walk, s: Step) -> None:
         # a norm module without tensors ran too, and so did a layer whose forward computes the
         # tensors it calls with (a QAT ConvBn2d's fake-quantised, BatchNorm-scaled weight)
         w.seen.add(w.stack[-1])
-    if x is None and rule.makes and name is not None and attrs is not None and w.inputs.became(x_t):
+    known = rule.makes and name is not None and attrs is not None
+    conditions = known and (x is None and w.inputs.became(x_t) or _conditioning(w, x))
+    if x is None and conditions:
         # what an input without channels became (a timestep's embedding): its columns are kept,
         # the rows it makes are channels of its own, cut where they meet others (added onto a map)
         reads = x_t.shape[-1] if rule.last else x_t.shape[1]
@@ -75,6 +77,11 @@ def layer(w: Walk, s: Step) -> None:
         own = {role: p[0].attr for role, p in rows.items() if len(p) == 1 and p[0].module == name}
         attrs.update(own)  # its own bias, cloned (then partly zeroed): cut as its own
         _makes(w, s, kind, x_t, x, name, ignored, attrs)
+        if conditions and not ignored and (made := w.get(s.out)) is not None:
+            # a scale or shift of the channels it meets (FiLM, AdaGN's scale_shift): a cut
+            # channel's rows go with it, zeroed in the reference as its gamma and beta are
+            w.set(s.out, made.with_gate(True))
+            w.traced.conditioning.append(name)
         return _rows_cut(w, w.get(s.out), [p for role, p in rows.items() if role not in own])
     groups = arg(s.args, s.kwargs, 1, "num_groups") if kind == "group_norm" else 1
     if groups > 1:
@@ -206,6 +213,13 @@ def _makes(w: Walk, s: Step, kind: str, x_t, x: Map, name: str, ignored: bool, a
     w.g.equal_blocks(x, groups, "groups")
     space = produce(w, name, kind, x, cout, ignored, out, attrs, groups)
     w.g.equal_blocks(Map([Seg(space, 0, cout, False)]), groups, "groups")
+
+
+def _conditioning(w: Walk, x: Map | None) -> bool:
+    """Whether ``x`` is only channels a layer made of what an input without channels became
+    (the MLP over a timestep's embedding: ``Traced.conditioning``)."""
+    made = {w.made[n][0] for n in w.traced.conditioning if n in w.made}
+    return x is not None and bool(made) and all(seg.space in made for seg in x.segs)
 
 
 def owned(w: Walk, s: Step, positions) -> tuple[dict, str | None, dict | None]:

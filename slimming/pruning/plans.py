@@ -148,10 +148,12 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
                   if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
         ranked = (sum(int(g.free().sum()) for g in groups),
                   sum(int((~roots[graph.find(g.spaces[0])][g.free()]).sum()) for g in groups))
-        return PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
-                           [groups[i].bns[0].layer for i in guarded], layers=layers, widths=widths,
-                           ranked=ranked, value_reads=sorted(set(traced.coverage.value_reads)),
-                           baked={n: computed[n] for n in baked_layers(new) if n in computed})
+        result = PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
+                             [groups[i].bns[0].layer for i in guarded], layers=layers, widths=widths,
+                             ranked=ranked, value_reads=sorted(set(traced.coverage.value_reads)),
+                             baked={n: computed[n] for n in baked_layers(new) if n in computed})
+        result.masks.update({n: plan[n]["out"] for n in traced.conditioning if "out" in plan.get(n, {})})
+        return result
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(traced.widths.sized)),
                 lambda masks: surgery.plan(graph, roots_of(masks)), held_gates(model, everything))

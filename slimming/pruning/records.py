@@ -197,7 +197,9 @@ class PruneResult:
     threshold: float | None  # largest score removed (percent) or the threshold given
     layer_names: list[str]  # the original's BatchNorm2d (or factor layer) names, in cfg_mask order
     guarded: list[str] = field(default_factory=list)  # layers the min_channels guard refilled
-    masks: dict[str, torch.Tensor] = field(default_factory=dict)  # factor layer name -> keep-mask
+    # factor layer name -> keep-mask; and a projection of another input's embedding whose rows
+    # the cut takes (an AdaGN scale and shift: Traced.conditioning) -> the rows it keeps
+    masks: dict[str, torch.Tensor] = field(default_factory=dict)
     layers: ModuleMasks = field(default_factory=dict)  # conv/linear name -> {"in"/"out": mask}
     compensation: dict = field(default_factory=dict)  # what slimming.pruning.repair.compensate folded
     verified: float | None = None  # the check's largest relative difference (None: not checked)

@@ -15,7 +15,7 @@ by the part named for it, never mixed into the graph:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 
@@ -71,6 +71,10 @@ class Traced:
     widths: Widths = field(default_factory=Widths)
     baked: Baked = field(default_factory=Baked)
     coverage: Coverage = field(default_factory=Coverage)
+    # layers projecting what an input without channels became (a timestep's embedding): the
+    # rows of the channels they meet are zeroed with those channels' factors in the reference
+    # (``PruneResult.masks``), a FiLM's or AdaGN's scale and shift going with the channel
+    conditioning: list[str] = field(default_factory=list)
 
     def copy(self) -> Traced:
         """A copy to go on building (a second forward of the same trace): the model is shared,
@@ -79,5 +83,7 @@ class Traced:
 
 
 def _copy(record):
+    if not is_dataclass(record):
+        return copied(record)
     return type(record)(**{f.name: copied(getattr(record, f.name)) for f in fields(record)})
 
