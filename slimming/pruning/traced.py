@@ -1,5 +1,5 @@
 """``Traced``: what one trace of a network found, as ``trace`` returns it: the channel algebra
-(``graph``, a ``ChannelGraph``) and three records beside it, each written by the trace and read
+(``graph``, a ``ChannelGraph``) and the records beside it, each written by the trace and read
 by the part named for it, never mixed into the graph:
 
 - ``Widths``: where the forward reads channel counts as sizes (a split by an attribute, heads
@@ -11,6 +11,9 @@ by the part named for it, never mixed into the graph:
 - ``Coverage``: which layers the forward did not run, ran only through their tensors, and where
   it read values of its input into Python (its path may depend on them: ``prune``'s check
   tries a second kind of input there).
+- ``conditioning``: the layers projecting what an input without channels became (a timestep's
+  embedding): their rows are zero where the cut zeroes the channels they meet, in the reference
+  too (``PruneResult.masks``), so an AdaGN's or FiLM's scale and shift go with their channel.
 """
 
 from __future__ import annotations

@@ -51,8 +51,9 @@ def keep_slices(t: torch.Tensor, mask: torch.Tensor, dim: int = 0) -> torch.Tens
 def keep_along(t: torch.Tensor, cuts: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
     """``t`` with each (dim, bool mask) of ``cuts`` keeping its slices along that dim, in new
     memory. A convolution's weight cut along its outputs and its inputs (dims 0 and 1) at once
-    is gathered in one pass over the kept kernels: a second pass over a copy of the kept rows
-    is a third of the time a cut takes on a ResNet's 3x3 weights."""
+    is gathered in one pass over the kept kernels, not through a copy of the kept rows (a
+    ResNet-50's weights at 70% each way, cache cold: 16 ms against 19); a 1x1 kernel's, of
+    single numbers, as before (index_select twice is faster there)."""
     t = t.detach()
     if sorted(d for d, _ in cuts) == [0, 1] and t.dim() > 2 and t[0, 0].numel() > 1 and t.is_contiguous():
         rows, cols = (m.nonzero().squeeze(1).to(t.device) for _, m in sorted(cuts, key=lambda c: c[0]))
