@@ -218,8 +218,10 @@ def _makes(w: Walk, s: Step, kind: str, x_t, x: Map, name: str, ignored: bool, a
 def _conditioning(w: Walk, x: Map | None) -> bool:
     """Whether ``x`` is only channels a layer made of what an input without channels became
     (the MLP over a timestep's embedding: ``Traced.conditioning``)."""
+    if x is None or not w.traced.conditioning:  # every layer call asks: most have none to look at
+        return False
     made = {w.made[n][0] for n in w.traced.conditioning if n in w.made}
-    return x is not None and bool(made) and all(seg.space in made for seg in x.segs)
+    return all(seg.space in made for seg in x.segs)
 
 
 def owned(w: Walk, s: Step, positions) -> tuple[dict, str | None, dict | None]:
