@@ -1,12 +1,13 @@
-"""Diffusion UNets and 3-D medical networks others wrote (issue 47): diffusers' UNet2DModel,
-UNet2DConditionModel (cross-attention) and AutoencoderKL, MONAI's UNet (InstanceNorm without
-affine: gated, ``add_gates(everywhere=True)``), BasicUNet (affine InstanceNorm) and SegResNet
-(GroupNorm); built small from their configs with random weights, sparsity-shaped factors (seed
+"""Diffusion UNets, 3-D medical networks and dense-prediction transformers others wrote (issue
+47): diffusers' UNet2DModel, UNet2DConditionModel (cross-attention) and AutoencoderKL, MONAI's
+UNet (InstanceNorm without affine: gated, ``add_gates(everywhere=True)``), BasicUNet (affine
+InstanceNorm) and SegResNet (GroupNorm), Hugging Face's DPT (gated: ``add_gates``) and Swin (as
+it is, and gated); built small from their configs with random weights, sparsity-shaped factors (seed
 0), random betas, 30% of the channels by ``bn-mean``, no compensation, called as users call them
 (``unet(x, t)``, ``unet(x, t, text_states)``). Prints the parameters cut, the check's figure,
 the retries, and the largest relative difference against the original with the cut channels
-zeroed on another input (other timesteps, batch 2), or the one-line refusal. Needs diffusers and
-MONAI (in ``[dev]``).
+zeroed on another input (other timesteps, batch 2; DPT at another size), or the one-line
+refusal. Needs diffusers, MONAI and transformers (in ``[dev]``).
 
     python benchmarks/new_networks.py [--seeds 0,1,2]
 """
@@ -23,8 +24,10 @@ import slimming
 
 
 def networks() -> dict:
-    """name -> (builder, example inputs, other inputs to compare on, gated)."""
+    """name -> (builder, example inputs, other inputs to compare on, gates: False, "heads"
+    (``add_gates``) or True (``everywhere=True``))."""
     import diffusers
+    import transformers as hf
     from monai.networks import nets
 
     def unet2d():
@@ -46,7 +49,19 @@ def networks() -> dict:
             norm_num_groups=8, down_block_types=("DownEncoderBlock2D",) * 2,
             up_block_types=("UpDecoderBlock2D",) * 2)
 
+    def dpt():
+        return hf.DPTForDepthEstimation(hf.DPTConfig(
+            image_size=64, patch_size=16, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+            intermediate_size=128, backbone_out_indices=[0, 1, 2, 3], neck_hidden_sizes=[16, 32, 64, 64],
+            fusion_hidden_size=32, reassemble_factors=[4, 2, 1, 0.5], head_in_index=-1))
+
+    def swin():
+        return hf.SwinForImageClassification(hf.SwinConfig(
+            image_size=64, patch_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 4], window_size=4,
+            num_labels=5))
+
     g = torch.Generator().manual_seed(1)
+    image, images = torch.zeros(1, 3, 64, 64), torch.randn(2, 3, 64, 64, generator=g)
     return {
         "diffusers UNet2DModel": (unet2d, (torch.zeros(1, 3, 16, 16), torch.tensor([10])),
                                   (torch.randn(2, 3, 16, 16, generator=g), torch.tensor([3, 900])), False),
@@ -67,6 +82,9 @@ def networks() -> dict:
         "MONAI SegResNet": (
             lambda: nets.SegResNet(spatial_dims=3, in_channels=1, out_channels=2, init_filters=8),
             (torch.zeros(1, 1, 16, 16, 16),), (torch.randn(2, 1, 16, 16, 16, generator=g),), False),
+        "Hugging Face DPT (gated)": (dpt, (image,), (torch.randn(2, 3, 96, 96, generator=g),), "heads"),
+        "Hugging Face Swin": (swin, (image,), (images,), False),
+        "Hugging Face Swin (gated)": (swin, (image,), (images,), "heads"),
     }
 
 
@@ -86,7 +104,7 @@ def main() -> int:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 if gated:
-                    slimming.add_gates(model, example[0], everywhere=True)
+                    slimming.add_gates(model, example[0], everywhere=gated is True)
                 sparsity_shaped(model, seed=seed)
                 with_statistics(model, seed + 1)
                 full = sum(t.numel() for t in model.parameters())

@@ -54,7 +54,9 @@ def add_gates(model: nn.Module, example_inputs=None, *, at=None, ignore=(), head
         if use.side is Side.IN:
             m = graph.resolve(use.map)
             for r in {graph.find(s.space) for s in m.segs}:
-                readers.setdefault(r, []).append((use.module, use.kind, m))
+                seen = readers.setdefault(r, [])
+                if (use.module, use.kind, m) not in seen:  # met again by a training-mode forward: once
+                    seen.append((use.module, use.kind, m))
             found = graph.heads_of(use.map) if heads and use.kind in ("linear", "conv") else None
             if found is not None and getattr(model.get_submodule(use.module), "groups", 1) == 1:
                 per_head[use.module] = found[1]

@@ -313,6 +313,12 @@ class ChannelGraph:
             return None
         return space, len(segs)
 
+    def heads_made(self, piece: Map) -> int | None:
+        """The space of the heads' channels made from blocks whose first is ``piece`` (the
+        first head's), where there is one."""
+        first = piece.segs[0].space
+        return next((r for r, (_, firsts) in self.heads.items() if firsts and firsts[0] == first), None)
+
     def refine(self, m: Map, pieces: int) -> list[Map] | None:
         """Split the one whole, untied space ``m`` covers into ``pieces`` equal spaces of their
         own (linked by equal counts); None when ``m`` is not such a space."""
@@ -326,7 +332,12 @@ class ChannelGraph:
 
     def cut_into(self, m: Map, sizes: list[int]) -> list[Map] | None:
         """Split the one whole, untied space ``m`` covers into spaces of ``sizes`` channels, in
-        order; None when ``m`` is not such a space (a slice, a concatenation, tied already)."""
+        order; None when ``m`` is not such a space (a slice, a concatenation, tied already).
+        A space cut so before (the same reshape met again by the training-mode forward) gives
+        the same pieces."""
+        again = self.pieces_of(m, sizes)
+        if again is not None:
+            return again
         m = self.resolve(m)
         if len(m.segs) != 1 or len(sizes) < 2:
             return None
@@ -342,7 +353,11 @@ class ChannelGraph:
     def split_all(self, m: Map, sizes: list[int]) -> list[Map] | None:
         """Split the whole space ``m`` covers, and every space tied to it, into runs of
         ``sizes`` channels, the runs of tied spaces tied again run by run (the queries, keys
-        and values of every attention head); None when ``m`` is not one whole space."""
+        and values of every attention head); None when ``m`` is not one whole space. A space
+        split so before gives the same runs."""
+        again = self.pieces_of(m, sizes)
+        if again is not None:
+            return again
         m = self.resolve(m)
         if len(m.segs) != 1 or len(sizes) < 2:
             return None
@@ -360,6 +375,16 @@ class ChannelGraph:
                 if self.find(a) != self.find(b):
                     self.parent[self.find(b)] = self.find(a)
         return [Map([Seg(p, 0, n, s.gated)], m.factor, m.dim) for p, n in zip(pieces[s.space], sizes)]
+
+    def pieces_of(self, m: Map, sizes: list[int]) -> list[Map] | None:
+        """The pieces the whole space ``m`` covers was cut into before, where they have
+        ``sizes`` channels in order; None otherwise."""
+        s = m.segs[0] if len(m.segs) == 1 else None
+        pieces = self.refined.get(s.space) if s is not None else None
+        if pieces is None or s.start or s.length != self.sizes[s.space] \
+                or [self.sizes[p] for p in pieces] != sizes:
+            return None
+        return [Map([Seg(p, 0, n, s.gated)], m.factor, m.dim) for p, n in zip(pieces, sizes)]
 
     def pin(self, m: Map, why: str) -> None:
         for seg in m.segs:

@@ -180,6 +180,9 @@ def blocks(w: Walk, x: Map, count: int, op: str, shape: tuple[int, ...] = ()) ->
     w.traced.widths.split_sizes.append((w.running(), n))
     cut = w.g.cut_into(x, [n] * count)
     pieces = cut or [x.slice(i * n, (i + 1) * n) for i in range(count)]
+    made = w.g.heads_made(cut[0]) if cut else None
+    if made is not None:  # met again (the training-mode forward): the heads' channels made then
+        return Map([Seg(made, 0, n, x.segs[0].gated)], x.factor, x.dim)
     # heads cut whole: not in a module kept (ignore, keep_whole), nor from channels kept already
     kept = not cut or w.in_ignored() or w.g.touches_pins(x)
     heads = None if kept else head_axis(w, shape)
