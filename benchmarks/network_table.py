@@ -211,14 +211,15 @@ def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def zeroed(model: nn.Module, masks: dict[str, torch.Tensor]):
     """The original with the cut channels' gamma and beta zeroed, each LayerNorm that lost
-    channels normalising over its kept ones (what a LayerNorm's cut promises)."""
+    channels normalising over its kept ones (what a LayerNorm's cut promises); a layer whose
+    rows go with the channels they meet (a timestep's projection, ``result.masks``) loses them."""
     z = copy.deepcopy(model)
     with torch.no_grad():
         for name, keep in masks.items():
             bn = z.get_submodule(name)
             for t in (bn.weight, getattr(bn, "bias", None)):  # a gate has no bias
-                if t is not None:
-                    t.view(-1)[~keep] = 0
+                if t is not None:  # a gate's weight may be laid out (1, C, 1, 1); a layer's rows are dim 0
+                    (t if t.shape[0] == keep.numel() else t.view(-1))[~keep] = 0
 
     def run(*args):
         with kept_statistics(z, masks):

@@ -2,14 +2,15 @@
 47): diffusers' UNet2DModel, UNet2DConditionModel (cross-attention) and AutoencoderKL, MONAI's
 UNet (InstanceNorm without affine: gated, ``add_gates(everywhere=True)``), BasicUNet (affine
 InstanceNorm) and SegResNet (GroupNorm), Hugging Face's DPT (gated: ``add_gates``) and Swin (as
-it is, and gated); built small from their configs with random weights, sparsity-shaped factors (seed
-0), random betas, 30% of the channels by ``bn-mean``, no compensation, called as users call them
+it is, and gated); built small from their configs with random weights, sparsity-shaped factors
+(seed 0), random betas, 30% of the channels by ``bn-mean`` (``--percent``), no compensation,
+called as users call them
 (``unet(x, t)``, ``unet(x, t, text_states)``). Prints the parameters cut, the check's figure,
 the retries, and the largest relative difference against the original with the cut channels
 zeroed on another input (other timesteps, batch 2; DPT at another size), or the one-line
 refusal. Needs diffusers, MONAI and transformers (in ``[dev]``).
 
-    python benchmarks/new_networks.py [--seeds 0,1,2]
+    python benchmarks/new_networks.py [--seeds 0,1,2] [--percent 0.3] [--only NAME]
 """
 
 from __future__ import annotations
@@ -96,8 +97,12 @@ def sample(out):
 def main() -> int:
     p = parser(__doc__)
     p.add_argument("--seeds", default="0")
+    p.add_argument("--percent", type=float, default=0.3, help="the share of the channels cut (0.3)")
+    p.add_argument("--only", default="", help="the networks whose names contain this (all)")
     args = p.parse_args()
     for name, (build, example, other, gated) in networks().items():
+        if args.only not in name:
+            continue
         for seed in (int(s) for s in args.seeds.split(",")):
             torch.manual_seed(seed)
             model = build().eval()
@@ -109,7 +114,8 @@ def main() -> int:
                 with_statistics(model, seed + 1)
                 full = sum(t.numel() for t in model.parameters())
                 try:
-                    result = slimming.prune(model, percent=0.3, importance="bn-mean", compensate=False,
+                    result = slimming.prune(model, percent=args.percent, importance="bn-mean",
+                                            compensate=False,
                                             example_inputs=example if len(example) > 1 else example[0])
                 except slimming.SlimmingError as e:
                     print(f"{name} seed {seed}: refused: {e}", flush=True)
