@@ -789,7 +789,9 @@ def test_hugging_face_dpt_is_cut_exactly_through_its_gates():
 def test_hugging_face_swin_is_cut_exactly_with_or_without_gates(gated):
     """Hugging Face's Swin (windows, shifts, a relative position bias per head): through its
     LayerNorms as it is, and with gates on its heads and MLPs too, a fifth of its parameters
-    or more go, exact against the cut channels zeroed."""
+    or more go, exact against the cut channels zeroed, at once: its bias table, held by a
+    module of its own inside the attention, loses the cut heads' columns (it was kept whole,
+    the pruned attention failed, and the heads were kept on a retry)."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.SwinConfig(image_size=64, patch_size=4, embed_dim=16, depths=[2, 2],
@@ -803,7 +805,12 @@ def test_hugging_face_swin_is_cut_exactly_with_or_without_gates(gated):
         sparsity_shaped(model, 0)
         full = sum(p.numel() for p in model.parameters())
         result = slimming.prune(model, percent=0.3, example_inputs=x, compensate=False)
-    assert 1 - sum(p.numel() for p in result.model.parameters()) / full > 0.2
+    assert 1 - sum(p.numel() for p in result.model.parameters()) / full > 0.2 and not result.retries
+    attentions = [m for m in result.model.modules() if type(m).__name__ == "SwinAttention"]
+    for attention in attentions:  # the bias table, in a module of its own, one column per head kept
+        assert attention.relative_position_bias.relative_position_bias_table.shape[1] == \
+            attention.num_attention_heads
+    assert not gated or sum(a.num_attention_heads for a in attentions) < 2 + 2 + 4 + 4
     probe = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert rel_diff(result.model(probe).logits, zeroed(model, result.masks)(probe).logits) < 1e-4

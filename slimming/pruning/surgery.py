@@ -76,10 +76,15 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], traced: Tra
             RULES[use.kind].cut(m, keep, use.attrs, use.groups)
     for name, heads in head_masks(graph, masks).items():  # per-head tensors of an attention cut by heads
         m = new.get_submodule(name)
-        for key, p in list(m._parameters.items()):  # its own (a relative position bias table)
-            if p is not None and p.is_floating_point() and p.shape.count(len(heads)) == 1:
-                m._parameters[key] = nn.Parameter(keep_slices(p, heads, p.shape.index(len(heads))),
-                                                  requires_grad=p.requires_grad)
+        # its own (a relative position bias table), or a helper's inside it that no rule cuts
+        # (Hugging Face Swin's ``relative_position_bias`` module holding the table)
+        holders = [m, *(h for child, h in m.named_modules(prefix=name) if child != name and child not in masks
+                        and child not in graph.head_modules and not is_layer(h) and h._parameters)]
+        for holder in holders:
+            for key, p in list(holder._parameters.items()):
+                if p is not None and p.is_floating_point() and p.shape.count(len(heads)) == 1:
+                    holder._parameters[key] = nn.Parameter(keep_slices(p, heads, p.shape.index(len(heads))),
+                                                           requires_grad=p.requires_grad)
         for child, layer in m.named_modules(prefix=name):  # a linear layer giving a value per head
             if isinstance(layer, nn.Linear) and layer.out_features == len(heads) and child not in masks \
                     and child in traced.widths.headless:  # (Swin-v2's position bias MLP)
