@@ -76,13 +76,15 @@ def cut(model: nn.Module, masks: dict[str, dict[str, torch.Tensor]], traced: Tra
             RULES[use.kind].cut(m, keep, use.attrs, use.groups)
     for name, heads in head_masks(graph, masks).items():  # per-head tensors of an attention cut by heads
         m = new.get_submodule(name)
-        # its own (a relative position bias table), or a helper's inside it that no rule cuts
-        # (Hugging Face Swin's ``relative_position_bias`` module holding the table)
+        # its own (a relative position bias table), or a table of a helper inside it that no
+        # rule cuts (Hugging Face Swin's ``relative_position_bias`` module; never a 1-D weight,
+        # which a norm of its own over each head's channels may have)
         holders = [m, *(h for child, h in m.named_modules(prefix=name) if child != name and child not in masks
                         and child not in graph.head_modules and not is_layer(h) and h._parameters)]
         for holder in holders:
             for key, p in list(holder._parameters.items()):
-                if p is not None and p.is_floating_point() and p.shape.count(len(heads)) == 1:
+                if p is not None and p.is_floating_point() and p.shape.count(len(heads)) == 1 \
+                        and (holder is m or p.dim() > 1):
                     holder._parameters[key] = nn.Parameter(keep_slices(p, heads, p.shape.index(len(heads))),
                                                            requires_grad=p.requires_grad)
         for child, layer in m.named_modules(prefix=name):  # a linear layer giving a value per head
