@@ -137,7 +137,9 @@ SLOW_RENAME = textwrap.dedent("""
 
     real = os.replace
     def slow_replace(src, dst):
-        Path(sys.argv[1]).write_text(str(dst))
+        # the marker appears whole (a signal sent as soon as it exists finds its text written)
+        Path(sys.argv[1] + ".part").write_text(str(dst))
+        real(sys.argv[1] + ".part", sys.argv[1])
         time.sleep(60)
         real(src, dst)
     os.replace = slow_replace
