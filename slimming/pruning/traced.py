@@ -74,10 +74,7 @@ class Traced:
     widths: Widths = field(default_factory=Widths)
     baked: Baked = field(default_factory=Baked)
     coverage: Coverage = field(default_factory=Coverage)
-    # layers projecting what an input without channels became (a timestep's embedding): the
-    # rows of the channels they meet are zeroed with those channels' factors in the reference
-    # (``PruneResult.masks``), a FiLM's or AdaGN's scale and shift going with the channel
-    conditioning: list[str] = field(default_factory=list)
+    conditioning: list[str] = field(default_factory=list)  # projections of a timestep's embedding: above
 
     def copy(self) -> Traced:
         """A copy to go on building (a second forward of the same trace): the model is shared,
