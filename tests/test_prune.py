@@ -1,6 +1,7 @@
 """The pruning core: global threshold, never-empty guard, cfg/cfg_mask, and the equivalence
 property (pruned network == original with the pruned channels' BN weight and bias zeroed)."""
 
+import copy
 import math
 import random
 
@@ -33,10 +34,12 @@ def test_pruned_equals_zeroed_original(arch, depth, seed):
     for percent in PERCENTS:
         min_channels = rng.randint(1, 3)
         result = prune(model, percent=percent, min_channels=min_channels, compensate=False)
-        expected = zeroed(model, result.cfg_mask)(x)
-        got = result.model(x)
+        # in float64: at float32 a deep VGG of two- and three-channel layers brings the output down
+        # to 1e-6 and summation order alone (another CPU's kernels) moved it by 2e-4 of itself
+        expected = zeroed(model, result.cfg_mask).double()(x.double())
+        got = copy.deepcopy(result.model).double()(x.double())
         assert got.shape == expected.shape
-        assert rel_diff(got, expected) < 1e-4, (arch, depth, cfg, percent)
+        assert rel_diff(got, expected) < 1e-9, (arch, depth, cfg, percent)
         kept = [int(m.sum()) for m in result.cfg_mask]
         bns = [m for m in result.model.modules() if isinstance(m, nn.BatchNorm2d)]
         assert [bn.num_features for bn in bns] == kept  # cfg_mask describes the new network
