@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 import torchvision
-from conftest import sparsity_shaped
+from conftest import sparsity_shaped, zeroed
 from torch import nn
 
 import slimming
@@ -191,7 +191,8 @@ def test_the_measurement_corrects_the_estimate(one_thread):
 def test_where_the_table_sees_no_saving_the_cut_is_found_by_measurement(one_thread):
     """Layers that cost their launch, not their width (a small network on several threads):
     the table sees nothing to save, so the global ranking's share is bisected on end-to-end
-    measurements alone (NetAdapt's way), and still lands on the budget."""
+    measurements alone (NetAdapt's way), and still lands on the budget. (Removing a branch
+    would save its layers' launches: the table sees that, so here branches are kept.)"""
 
     class Launch(StepLatency):
         def layer(self, spec, in_ch, out_ch):
@@ -200,7 +201,8 @@ def test_where_the_table_sees_no_saving_the_cut_is_found_by_measurement(one_thre
     model = torchvision.models.resnet18(num_classes=10).eval()
     sparsity_shaped(model, 11)
     x = torch.randn(1, 3, 64, 64)
-    r = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch())
+    r = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch(),
+                       remove_branches=False)
     b = r.budget
     assert all(rd.goal_ms is None for rd in b.rounds) and 2 <= len(b.rounds) <= 5
     assert b.ratio == pytest.approx(cost(r.model, x) / cost(model, x))
@@ -385,12 +387,14 @@ def test_under_a_latency_budget_widths_are_multiples_of_8_unless_asked_otherwise
     model = torchvision.models.resnet18(num_classes=10).eval()
     sparsity_shaped(model, 14)
     x = torch.randn(1, 3, 64, 64)
-    default = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch())
+    default = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch(),
+                             remove_branches=False)  # a branch removed would be a saving the table sees
     widths = default.layer_table()
     assert all(rd.goal_ms is None for rd in default.budget.rounds)  # bisected on measurements
     assert all(a % 8 == 0 or a == b for _, b, a in widths), widths
     assert any(a < b for _, b, a in widths) and default.budget.ratio <= 0.5 * (1 + TOLERANCE)
-    plain = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch(), round_to=1)
+    plain = slimming.prune(model, target_latency=0.5, example_inputs=x, latency_model=Launch(), round_to=1,
+                           remove_branches=False)
     assert any(a % 8 for _, b, a in plain.layer_table() if a < b)
     flops = slimming.prune(model, target_flops=0.5, example_inputs=x)
     assert any(a % 8 for _, b, a in flops.layer_table() if a < b)
@@ -409,3 +413,34 @@ def test_the_command_line_says_when_a_cut_leaves_widths_off_multiples_of_8(tmp_p
     assert re.search(r"note: \d+ of the \d+ layers cut have widths that are not multiples of 8", out), out
     assert main([*args, "--round-to", "8", "--save", str(tmp_path / "eight")]) == 0
     assert "multiples of 8" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_latency_budget_removes_branches_where_their_layers_fixed_cost_is_the_saving(one_thread, seed):
+    """Where every layer costs a launch beside its multiply-adds (batch 1 on a CPU), a branch
+    removed saves its layers' launches, which no thinning saves: the search weighs that, so
+    the same budget is met with more of the network's multiply-adds kept than with the
+    branches kept at min_channels, and the removed network is the exact cut."""
+    model = torchvision.models.resnet18(num_classes=10).eval()
+    sparsity_shaped(model, seed)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # the branches sparsity training emptied: every second block's inner width
+        for block in (model.layer1[1], model.layer2[1], model.layer3[1], model.layer4[1]):
+            block.bn1.weight.mul_(1e-3 * torch.rand(1, generator=gen).item())
+    x = torch.randn(1, 3, 64, 64)
+    device = StepLatency(overhead=5.0)
+    found = {}
+    for remove in (True, False):
+        r = slimming.prune(model, target_latency=0.8, example_inputs=x, latency_model=device,
+                           remove_branches=remove, compensate=False)
+        assert r.budget.ratio <= 0.8 * (1 + TOLERANCE), (remove, r.budget.rounds)
+        found[remove] = r
+    removed, kept = found[True], found[False]
+    blocks = [n.removesuffix(".conv2") for n, what in removed.removed.items() if what == "Constant"]
+    assert kept.removed == {} and blocks, removed.removed
+    assert all(removed.removed[f"{b}.conv1"] == removed.removed[f"{b}.bn1"] == "Emptied" for b in blocks)
+    macs = [cost(r.model, x, StepLatency()) for r in (removed, kept)]
+    assert macs[0] > macs[1], macs  # fewer channels cut for the same budget
+    z = zeroed(model, removed.masks)
+    probe = torch.randn(2, 3, 48, 48, generator=gen)
+    assert float((removed.model(probe) - z(probe)).abs().max()) <= 1e-4 * float(z(probe).abs().max())

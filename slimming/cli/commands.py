@@ -18,6 +18,7 @@ from torch import nn
 from .. import models
 from ..errors import DataError, SlimmingError, clip, first_line, listed
 from ..io.checkpoint import save_checkpoint
+from ..layers.removed import removed_layers
 from ..measure.latency import CACHE_ENV, MeasuredLatency, cache_info, clear_cache, layer_latencies
 from ..measure.stats import (
     channels_last_note,
@@ -188,6 +189,7 @@ def shape_options(args) -> dict:
     return {"min_channels": args.min_channels, "round_to": args.round_to,
             "max_layer_prune": args.max_layer_prune, "compensate": args.compensate,
             "verify": getattr(args, "verify", True), "cut_heads": getattr(args, "cut_heads", True),
+            "remove_branches": getattr(args, "remove_branches", True),
             "importance": get_importance(getattr(args, "importance", "bn-max"))}
 
 
@@ -375,6 +377,8 @@ def cmd_stats(args) -> None:
         for model, r in zip(loaded, results):
             r["layers"] = [{"name": n, "in": i, "out": o, "ms": ms}
                            for n, i, o, ms in layer_latencies(model, (x,))]
+            r["layers"] += [{"name": n, "in": 0, "out": 0, "ms": 0.0, "removed": what}  # a branch cut whole
+                            for n, what in removed_layers(model, layers_only=True).items()]
     if args.json:
         print(json.dumps({str(p): r for p, r in zip(paths, results)}, indent=1))
         return
@@ -399,17 +403,25 @@ def layer_table(results: list[dict]) -> str:
     head = f"{'layer':<{width}}  {'widths':>11}  {'ms':>8}"
     lines = [head + (f"  {'compare':>11}  {'ms':>8}  ratio" if other is not None else "")]
     for row in results[0]["layers"]:
-        line = f"{row['name']:<{width}}  {row['in']:>5}>{row['out']:<5}  {row['ms']:>8.3f}"
+        line = f"{row['name']:<{width}}  {_widths(row)}  {row['ms']:>8.3f}"
         if other is not None and row["name"] in other:
             b = other[row["name"]]
-            line += f"  {b['in']:>5}>{b['out']:<5}  {b['ms']:>8.3f}  {b['ms'] / max(row['ms'], 1e-9):.2f}x"
+            line += f"  {_widths(b)}  {b['ms']:>8.3f}  {b['ms'] / max(row['ms'], 1e-9):.2f}x"
         lines.append(line)
     total = [sum(row["ms"] for row in r["layers"]) for r in results]
     lines.append(f"{'sum':<{width}}  {'':>11}  {total[0]:>8.3f}" + (
         f"  {'':>11}  {total[1]:>8.3f}  {total[1] / max(total[0], 1e-9):.2f}x" if other is not None else ""))
     lines.append("(each layer timed alone on the input it sees, median of 5; the sum leaves out "
-                 "what runs between layers)")
+                 "what runs between layers" + ("; removed: a layer of a residual branch cut whole, which "
+                                               "computes nothing or its bias)" if any(
+                                                   "removed" in row for r in results for row in r["layers"])
+                                               else ")"))
     return "\n".join(lines)
+
+
+def _widths(row: dict) -> str:
+    """A layer's widths in the table, in>out; "removed" for one a branch cut whole replaced."""
+    return f"{'removed':>11}" if "removed" in row else f"{row['in']:>5}>{row['out']:<5}"
 
 
 def cmd_sweep(args) -> None:

@@ -355,6 +355,9 @@ def add_shape_flags(g, recalibrate: int = 0) -> None:
     g.add_argument("--no-cut-heads", dest="cut_heads", action="store_false",
                    help="keep attention heads and splits by sizes a module holds whole (cut by "
                    "default where the check passes)")
+    g.add_argument("--keep-branches", dest="remove_branches", action="store_false",
+                   help="keep a residual branch whose width is cut whole at --min-channels, as the "
+                   "paper does, instead of removing its layers")
     g.add_argument("--recalibrate-bn", type=count, default=recalibrate, metavar="N",
                    help="after the cut, re-estimate every BatchNorm's statistics on N training "
                    "batches (needs the data; 0 = off)")

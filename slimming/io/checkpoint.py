@@ -12,6 +12,9 @@ Format (``version`` 1)::
                integer attributes the cut set, such as an attention's num_heads),
      "baked": [layer names] (of such a network: layers whose forward computed their weight,
               weight standardisation, made the plain layers they ran: slimming.layers.baked),
+     "removed": {layer name: "Emptied" | "Constant"} (of such a network: the layers of a
+                residual branch cut whole, which compute nothing or a constant:
+                slimming.layers.removed),
      "state_dict": {...}, "epoch": completed epochs, "acc": test accuracy (%), "best_acc": ...,
      "optimizer": ..., "scheduler": ..., "args": {...the run's arguments...}, ...}
 
@@ -38,6 +41,7 @@ from ..errors import CheckpointError, SlimmingError, clip, first_line, load_erro
 from ..layers.attention import thinned
 from ..layers.baked import baked_layers, rebake
 from ..layers.gates import attach, gated_layers
+from ..layers.removed import remove_again, removed_layers
 from ..layers.resize import int_attributes, resize_like, set_int_attributes
 from ..models.common import ChannelSelect
 from ..models.external import check_forward, check_kwargs, is_external, is_user_code
@@ -97,9 +101,11 @@ def _check_fields(ckpt: dict, path: Path) -> None:
             raise CheckpointError(f"{path}: option {clip(key, 40)} = {clip(value, 40)}: "
                                   "expected a positive integer")
     cfg = ckpt.get("cfg")
-    if external:
+    removed = ckpt.get("removed") if isinstance(ckpt.get("removed"), dict) else {}
+    if external:  # a width of 0: a norm of a branch cut whole, which the file says it removed
         if cfg is not None and (not isinstance(cfg, dict) or not all(
-                isinstance(k, str) and _is_int(v) and v >= 1 for k, v in cfg.items())):
+                isinstance(k, str) and _is_int(v) and (v >= 1 or v == 0 and removed.get(k) == "Emptied")
+                for k, v in cfg.items())):
             raise bad("cfg", "expected None or {BatchNorm name: positive width}")
     elif cfg is not None and (not isinstance(cfg, list) or not all(
             v == "M" or (_is_int(v) and v >= 1) for v in cfg)):
@@ -250,7 +256,10 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     """A torchvision/timm/user network: built on the meta device from its builder and options,
     given the widths its state_dict holds (``slimming.layers.resize``), then filled."""
     arch, cfg, sd = ckpt["arch"], ckpt.get("cfg"), ckpt["state_dict"]
+    removed = ckpt.get("removed")
     for name, width in (cfg or {}).items():  # the declared widths against the weights, first
+        if width == 0 and isinstance(removed, dict) and removed.get(name) == "Emptied":
+            continue  # a norm of a branch cut whole: no weights
         stats = sd.get(f"{name}.running_mean", sd.get(f"{name}.weight"))
         if stats is None or stats.dim() != 1 or stats.numel() != width:
             raise CheckpointError(f"{path}: its cfg says {name} has {width} channels; its weights "
@@ -260,6 +269,7 @@ def _external_from_checkpoint(ckpt: dict, path) -> nn.Module:
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{path}: cannot rebuild its network: {first_line(e)}") from None
     rebake(model, ckpt.get("baked"), path)
+    remove_again(model, removed, sd, path)
     resize_like(model, sd, str(path))
     set_int_attributes(model, ckpt.get("widths"), path)
     thinned(model)
@@ -312,9 +322,9 @@ def checkpoint_dict(model: nn.Module, **fields: Any) -> dict[str, Any]:
                                            ("head_gates", gated_layers(model, heads=True))) if found}
     if is_external(model.arch) and cfg:  # pruned: the integer attributes the cut set (num_heads)
         extra["widths"] = int_attributes(model)
-        baked = baked_layers(model)
-        if baked:
-            extra["baked"] = baked
+        for key, found in (("baked", baked_layers(model)), ("removed", removed_layers(model))):
+            if found:
+                extra[key] = found
     return {"format": FORMAT, "version": VERSION, "arch": model.arch,
             "options": copy.deepcopy(model.options), "cfg": copy.deepcopy(cfg),
             **extra, "state_dict": model.state_dict(), **fields}

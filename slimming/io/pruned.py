@@ -16,6 +16,7 @@ from torch import nn
 from ..errors import CheckpointError, SlimmingError, clip, first_line, load_error
 from ..layers.attention import thinned
 from ..layers.baked import baked_layers, rebake
+from ..layers.removed import remove_again, removed_layers
 from ..layers.resize import int_attributes, resize_like, set_int_attributes
 from ..utils.modules import modes_kept, restored_on_error, unwrap
 from ..utils.safeload import read_file, save_checked, verify_checksum
@@ -23,7 +24,7 @@ from .checkpoint import check_values, match_dtypes
 
 FORMAT, VERSION = "slimming-pruned", 1
 RESERVED = ("format", "version", "widths", "state_dict", "checksum", "example_shape", "buffers",
-            "baked")  # not fields
+            "baked", "removed")  # not fields
 EXAMPLE = "_slimming_example_shape"  # what prune sets on the network it returns: its example's shape
 
 
@@ -64,9 +65,10 @@ def save_pruned(model: nn.Module, path: str | os.PathLike, **fields: Any) -> Non
     # buffers outside the state_dict (persistent=False: EVA's k_bias) the cut may have narrowed
     loose = {n: b for n, b in model.named_buffers() if n not in state}
     baked = baked_layers(model)  # layers that computed their weight, now plain (slimming.layers.baked)
+    removed = removed_layers(model)  # layers of a branch cut whole: nothing or a constant (.removed)
     blob = {"format": FORMAT, "version": VERSION, **fields, **example, "widths": int_attributes(model),
             "state_dict": state, **({"buffers": loose} if loose else {}),
-            **({"baked": baked} if baked else {})}
+            **({"baked": baked} if baked else {}), **({"removed": removed} if removed else {})}
     try:
         save_checked(blob, path)
     except (OSError, RuntimeError) as e:  # a full disk (torch's writer: RuntimeError), a read-only folder
@@ -142,6 +144,7 @@ def load_pruned(path: str | os.PathLike, model: nn.Module, example_inputs=None) 
                    if isinstance(m, nn.GroupNorm) and m.num_groups > 0}
     with torch.no_grad(), restored_on_error(model, values=True):
         rebake(model, blob.get("baked"), path)  # the layers the cut baked: plain ones, as saved
+        remove_again(model, blob.get("removed"), state, path)  # a branch's layers cut whole, as saved
         resize_like(model, state, str(path))
         set_int_attributes(model, blob.get("widths"), path)
         _whole_groups(model, group_sizes, path)

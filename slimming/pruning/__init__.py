@@ -11,7 +11,8 @@ parameter target; ``speed``: a latency target measured on the device, ranked by 
 a network's latency from a lookup table of its layers, which also finds the widths at the top
 of a latency step; ``plans``: the groups scored, and how to build a cut of them), and how to
 cut them (``surgery`` along the graph, or a family's own walk; ``widths``: which integer widths
-the cut set stay, as the check vouches), then folding what the cut channels still gave into
+the cut set stay, as the check vouches; ``branches``: which residual branches may be cut
+whole, and the layers they leave replaced), then folding what the cut channels still gave into
 the next layers (``repair``) and checking the pruned network against the original with the cut
 channels zeroed (``verify``; what that means for a LayerNorm that loses channels: ``norms``).
 ``prune`` composes them into ``slimming.prune``, which gives a ``PruneResult`` (``records``:

@@ -105,7 +105,7 @@ def search(model: nn.Module, plan, example: torch.Tensor, amount, limits: dict, 
 
     def at(k: int):
         progress.at(f"{what} budget: trying {k} of {total} channels cut")
-        masks, threshold, guarded = select(plan.scores, k / total, None, **limits)
+        masks, threshold, guarded = select(plan.scores, k / total, None, removable=plan.removable, **limits)
         result = plan.build(masks, threshold, guarded)
         try:
             return result, measured(result, measure)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..layers.removed import Constant, Emptied
 from ..measure import timing
 from ..measure.latency import LatencyModel, LayerSpec, MeasuredLatency, layer_specs
 from ..utils import progress
@@ -32,7 +33,10 @@ STEP = 0.01  # round_to="auto": a width is kept when it is at least 1% faster th
 
 
 def layer_widths(m: nn.Module) -> tuple[int, int]:
-    """(input, output) width of a convolution or linear layer."""
+    """(input, output) width of a convolution or linear layer; (0, 0) for one a branch cut
+    whole replaced (``slimming.layers.removed``), which costs nothing."""
+    if isinstance(m, (Emptied, Constant)):
+        return 0, 0
     if isinstance(m, nn.Linear):
         return m.in_features, m.out_features
     return m.in_channels, m.out_channels
@@ -91,11 +95,15 @@ class Estimator:
         s = layer.spec
         cut_in = sum(a * (self.sizes[g] - w[g]) for g, a in layer.ins.items())
         cut_out = sum(a * (self.sizes[g] - w[g]) for g, a in layer.outs.items())
-        return max(s.full_in - cut_in, 1), max(s.full_out - cut_out, 1)
+        return max(s.full_in - cut_in, 0), max(s.full_out - cut_out, 0)
 
     def layer_ms(self, layer: TimedLayer, width_in: float, width_out: float) -> float:
-        """One layer's estimate at these widths: the timed width at or above each."""
+        """One layer's estimate at these widths: the timed width at or above each; nothing for
+        a layer that reads or makes no channel (a branch cut whole removes it, its fixed cost
+        with it: what the latency search weighs against thinning others)."""
         s, full = layer.spec, self.full_ms[layer.name]
+        if width_in < 0.5 or width_out < 0.5:
+            return 0.0
         if s.depthwise:
             w = _up(grid(s.full_in), width_in)
             t = self.cost.layer(s, w, max(1, round(w * s.full_out / s.full_in)))
@@ -178,10 +186,12 @@ def _widths(cut: dict, spec: LayerSpec) -> tuple[int, int]:
             spec.full_out if made is None else int(made.sum()))
 
 
-def lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float) -> list[int]:
-    """The fewest channels each group may keep: ``min_channels`` (all, if it has fewer) and
-    what ``max_layer_prune`` leaves, as ``select`` counts them."""
-    return [max(min(min_channels, n), math.ceil((1 - max_layer_prune) * n - 1e-9)) for n in sizes]
+def lower_bounds(sizes: list[int], min_channels: int, max_layer_prune: float, removable=()) -> list[int]:
+    """The fewest channels each group may keep: ``min_channels`` (all, if it has fewer; none
+    for a group in ``removable``, a residual branch's width) and what ``max_layer_prune``
+    leaves, as ``select`` counts them."""
+    return [max(0 if g in removable else min(min_channels, n), math.ceil((1 - max_layer_prune) * n - 1e-9))
+            for g, n in enumerate(sizes)]
 
 
 def allowed_widths(est: Estimator, round_to, lows: list[int]) -> list[list[int]]:
@@ -280,8 +290,8 @@ def step_widths(model: nn.Module, plan, inputs: tuple, cost: LatencyModel | None
     staircase (for ``select``: each group's kept count rounds up to the next of them)."""
     sizes = [len(s) for s in plan.scores]
     est, cost, *_ = setup(model, plan, inputs, cost, sizes)
-    lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
-    widths = allowed_widths(est, "auto", [1] * len(sizes))
+    lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"], plan.removable)
+    widths = allowed_widths(est, "auto", [0 if g in plan.removable else 1 for g in range(len(sizes))])
     save_table(cost)
     steps = [[w for w in ws if w >= lo] or [ws[-1]] for ws, lo in zip(widths, lows)]
     if all(ws == [n] for ws, n in zip(steps, sizes)):  # no narrower width is any faster here

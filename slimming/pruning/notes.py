@@ -52,8 +52,10 @@ def gates_held(model: nn.Module, plan, result: PruneResult) -> str | None:
 
 def nearly_emptied(result: PruneResult, share: float = 0.05, wide: int = 20) -> str | None:
     """What to say when the cut leaves a wide layer (``wide`` channels or more) under ``share``
-    of its channels: the network may be near chance right after the cut."""
-    thin = [(n, b, a) for n, b, a in result.layer_table() if b >= wide and a < share * b]
+    of its channels: the network may be near chance right after the cut. A layer of a branch
+    removed whole (none kept, ``result.removed``) is no such layer: the stream goes around it."""
+    thin = [(n, b, a) for n, b, a in result.layer_table() if b >= wide and a < share * b
+            and not (a == 0 and n in result.removed)]
     if not thin:
         return None
     n, b, a = min(thin, key=lambda t: t[2] / t[1])

@@ -25,7 +25,7 @@ from ..layers.baked import baked_layers
 from ..layers.gates import ATTR as GATE
 from ..layers.gates import fold
 from ..layers.rules import ChannelGate, factor_width, is_factor_layer
-from . import surgery
+from . import branches, surgery
 from .graph import UNSCORED, Factor, GraphError, Group, ignored_names
 from .importance import Importance
 from .records import PruneResult
@@ -53,6 +53,9 @@ class Plan:
     # gate positions (a head's, a channel's: ``add_gates``) the graph keeps whatever they score,
     # each (gate layer, position, why): a gate trained to zero there is kept, and ``prune`` says so
     held: list[tuple[str, int, str]] = field(default_factory=list)
+    # the groups that may be cut whole, a residual branch's widths (``branches``): index -> the
+    # modules that make, carry or read them
+    removable: dict[int, set[str]] = field(default_factory=dict)
 
 
 def family_plan(model: nn.Module, importance: Importance) -> Plan:
@@ -138,6 +141,7 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
         new = surgery.cut(model, plan, traced)
         fold(new, set(traced.coverage.by_weight), multiply=False)  # gates whose layer's hooks never run
         widths = surgery.update_widths(new, traced, roots, skip=kept_whole)
+        removed = branches.remove(new, plan, graph)  # the layers a branch cut whole leaves
         thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]
@@ -151,12 +155,14 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
         result = PruneResult(new, cfg, cfg_mask, threshold, [name for name, _ in factors],
                              [groups[i].bns[0].layer for i in guarded], layers=layers, widths=widths,
                              ranked=ranked, value_reads=sorted(set(traced.coverage.value_reads)),
-                             baked={n: computed[n] for n in baked_layers(new) if n in computed})
+                             baked={n: computed[n] for n in baked_layers(new) if n in computed},
+                             removed=removed)
         result.masks.update({n: plan[n]["out"] for n in traced.conditioning if "out" in plan.get(n, {})})
         return result
 
     return Plan([s[g.free()] for g, s in zip(groups, scores)], build, sorted(set(traced.widths.sized)),
-                lambda masks: surgery.plan(graph, roots_of(masks)), held_gates(model, everything))
+                lambda masks: surgery.plan(graph, roots_of(masks)), held_gates(model, everything),
+                branches.removable(graph, groups))
 
 
 def held_gates(model: nn.Module, groups: list[Group]) -> list[tuple[str, int, str]]:

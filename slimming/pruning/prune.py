@@ -34,7 +34,7 @@ from ..errors import SlimmingError, clip, first_line, listed, number
 from ..layers.gates import fold
 from ..utils import progress
 from ..utils.modules import eager_model, modes_kept
-from . import budget, estimate, plans, repair, speed, widths
+from . import branches, budget, estimate, plans, repair, speed, widths
 from .amount import Amount
 from .configs import said_widths
 from .graph import GraphError, ignored_names
@@ -72,7 +72,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
           compensate: bool = True, keep_whole=(), verify: bool = True,
           target_latency: float | str | None = None, latency_model=None,
           cut_heads: bool = True, output_transform: Callable | None = None,
-          check_inputs=None) -> PruneResult:
+          check_inputs=None, remove_branches: bool = True) -> PruneResult:
     """Slim ``model``: cut its least important channels and build it thinner.
 
     How many channels go, one of:
@@ -92,7 +92,9 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     ``round_to`` (every width a multiple of it, never above the original; ``"auto"``: the
     widest width of a step of each layer's measured latency staircase; default 1, and 8 under
     a latency budget: the channel blocks vector units and kernels run, ``ROUND_FOR_SPEED``)
-    may keep more.
+    may keep more. ``remove_branches`` (default): a traced network's residual branch whose
+    width is cut whole is removed, not kept at ``min_channels``: its layers become what they
+    still compute, nothing or a constant (``slimming.pruning.branches``; ``result.removed``).
 
     ``importance`` scores channels: an ``Importance`` or the name of one (default ``"bn-max"``:
     |gamma|, the largest over a group's BatchNorms). A registered family (NIN, VGG,
@@ -135,7 +137,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     amount = Amount.of(percent, threshold, target_flops, target_params, target_latency)  # read once, here
     if round_to is None:  # the paper's exact widths, or under a latency budget widths that run fast
         round_to = ROUND_FOR_SPEED if amount.kind == "target_latency" else 1
-    _check_arguments(round_to, output_transform, cut_heads, latency_model, amount)
+    _check_arguments(round_to, output_transform, cut_heads, latency_model, amount, remove_branches)
     checks = _check_batches(check_inputs, verify)
     example = default_example(model) if example_inputs is None else positional(model, example_inputs)
     # ignore / keep_whole on a shipped family: its own surgery knows no such thing, the traced
@@ -145,7 +147,7 @@ def prune(model: nn.Module, percent: float | None = None, threshold: float | Non
     whole = (keep_whole,) if isinstance(keep_whole, (str, type)) else tuple(keep_whole or ())
     limits = dict(min_channels=min_channels, round_to=round_to, max_layer_prune=max_layer_prune)
     steps = _Steps(model, importance, example, traced, ignore, whole, verify, limits, amount, latency_model,
-                   output_transform, checks)
+                   output_transform, checks, remove_branches)
     with modes_kept(model), progress.steps("prune"):  # a bar naming each step, on a terminal
         result = steps.checked_cut(follow_sizes=traced and cut_heads)
         steps.settle(result, compensate)
@@ -174,15 +176,17 @@ def _check_batches(check_inputs, verify: bool) -> tuple:
     return tuple(batches)
 
 
-def _check_arguments(round_to, output_transform, cut_heads, latency_model, amount: Amount) -> None:
+def _check_arguments(round_to, output_transform, cut_heads, latency_model, amount: Amount,
+                     remove_branches: bool = True) -> None:
     """What else prune refuses before any work (beside a surgery it does not know and an amount
     it cannot read, ``Amount.of``): a round_to that is no width, an output_transform that is no
-    function, a cut_heads that is no bool ('no' is true), a latency_model that is none (a
+    function, a cut_heads or remove_branches that is no bool ('no' is true), a latency_model that is none (a
     class, a device name) or that nothing would use."""
     if round_to != "auto":
         number(round_to, "round_to", integer=True, low=1)
-    if not isinstance(cut_heads, bool):
-        raise SlimmingError(f"cut_heads takes True or False, not {clip(repr(cut_heads))}", param="cut_heads")
+    for flag, name in ((cut_heads, "cut_heads"), (remove_branches, "remove_branches")):
+        if not isinstance(flag, bool):
+            raise SlimmingError(f"{name} takes True or False, not {clip(repr(flag))}", param=name)
     if latency_model is not None:
         if isinstance(latency_model, type) or not all(callable(getattr(latency_model, a, None))
                                                       for a in ("layer", "network")):
@@ -217,10 +221,11 @@ class _Steps:
     latency_model: object = None
     output_transform: Callable | None = None
     check_inputs: tuple = ()
+    remove_branches: bool = True
 
     def checked_cut(self, follow_sizes: bool) -> PruneResult:
         """Plan, cut, check until the check passes; what was retried is in ``result.retries``."""
-        kept, retries = (), []
+        kept, retries, whole_branches = (), [], ()  # whole_branches: where branches stay (prefixes)
         while True:
             again = f" (try {len(retries) + 1})" if retries else ""
             progress.at(("trace" if self.traced else "plan") + again)
@@ -228,6 +233,8 @@ class _Steps:
                 plan = plans.traced_plan(self.model, self.importance, self.example, self.ignore,
                                          self.whole, follow_sizes, self.output_transform, kept,
                                          self.check_inputs)
+                plan.removable = {} if not self.remove_branches else branches.outside(plan.removable,
+                                                                                       whole_branches)
             else:
                 plan = plans.family_plan(self.model, self.importance)
             progress.at("cut" + again)
@@ -240,10 +247,13 @@ class _Steps:
                 if note := gates_held(self.model, plan, result):
                     warnings.warn(note, stacklevel=3)
                 return result
-            retry = _retry(self.model, failure, plan, follow_sizes, kept, self.traced, self.verify)
+            retry = _retry(self.model, failure, plan, follow_sizes, kept, self.traced, self.verify,
+                           result.removed, whole_branches)
             warnings.warn(str(retry), stacklevel=3)
             retries.append(retry)
-            if retry.kept == "sizes":
+            if retry.kept == "branches":
+                whole_branches = (*whole_branches, retry.modules[0])
+            elif retry.kept == "sizes":
                 follow_sizes = False
             else:
                 kept = (*kept, retry.block)
@@ -269,7 +279,8 @@ class _Steps:
 @dataclass
 class Retry:
     """A cut the check (or, with ``verify=False``, the run) refused, and what the next cut
-    kept: ``kept`` "sizes" (the heads and size splits of the ``modules`` named) or "block"
+    kept: ``kept`` "branches" (the branches inside the module named, "" the whole network, kept
+    at ``min_channels``, not removed), "sizes" (the heads and size splits of the ``modules`` named) or "block"
     (every module of the type ``block``, named in ``modules``); ``why``: the failure, in one
     line; ``failed``: "match" (the check) or "run" (the unchecked run). ``str()``: the warning."""
 
@@ -281,6 +292,9 @@ class Retry:
 
     def __str__(self) -> str:
         failed = f"cut, the network did not {self.failed} ({self.why})"
+        if self.kept == "branches":
+            where = f"inside {self.modules[0]}" if self.modules[0] else "of the network"
+            return f"the branches {where} are kept at min_channels, not removed: {failed}"
         if self.kept == "sizes":
             return f"the channels of {listed(self.modules)} are kept: {failed}; its forward reads widths " \
                 "the cut cannot set"
@@ -300,7 +314,7 @@ def _cut(model: nn.Module, plan, example, limits: dict, amount: Amount, latency_
     if amount.what is not None:
         return budget.search(model, plan, example, amount, cut_limits, checked=True)
     percent, threshold = (amount.value, None) if amount.kind == "percent" else (None, amount.value)
-    masks, cut_at, guarded = select(plan.scores, percent, threshold, **cut_limits)
+    masks, cut_at, guarded = select(plan.scores, percent, threshold, removable=plan.removable, **cut_limits)
     return plan.build(masks, cut_at, guarded)
 
 
@@ -321,11 +335,14 @@ def _vouch(model: nn.Module, result: PruneResult, example, verify: bool,
 
 
 def _retry(model: nn.Module, failure: GraphError, plan, follow_sizes: bool, kept: tuple, traced: bool,
-           verify: bool) -> Retry:
+           verify: bool, removed: dict, whole_branches: tuple) -> Retry:
     """What to keep for the next cut after ``failure``: the sizes the plan followed, else the
     block (the type of the innermost module of the user's code) the failure names, for at most
     three blocks; the failure itself where there is nothing left to keep."""
     failed, why = "match" if verify else "run", first_line(failure, 160)
+    where = branches.block_of(model, getattr(failure, "module", None), whole_branches)
+    if removed and where is not None:  # a removed branch first: kept where the failure is, else everywhere
+        return Retry("branches", [where], why, failed)
     if plan.sized and follow_sizes:
         return Retry("sizes", list(plan.sized), why, failed)
     block = _block_of(model, getattr(failure, "module", None))

@@ -219,6 +219,9 @@ class PruneResult:
     # layer they ran where the cut touched them or a gate folds into them (``slimming.layers.baked``):
     # {name: that weight}
     baked: dict[str, torch.Tensor] = field(default_factory=dict)
+    # layers a residual branch cut whole left computing nothing or a constant, replaced
+    # (``slimming.layers.removed``): {name: "Emptied" or "Constant"}
+    removed: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.masks:

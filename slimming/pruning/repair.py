@@ -61,7 +61,8 @@ def compensate(original: nn.Module, result, example: torch.Tensor, probes: int =
     and the network is the paper's. ``output_transform``: what of the outputs is compared.
     A forward that runs only at the example's own batch (``assert x.shape[0] == 1``) is probed
     with the example's batch instead (``probes`` None)."""
-    readers = {name: m for name, m in result.layers.items() if "in" in m and not bool(m["in"].all())}
+    readers = {name: m for name, m in result.layers.items() if "in" in m and not bool(m["in"].all())
+               and bool(m.get("out", m["in"][:1] | True).any())}  # an emptied layer takes no fold
     summary = {"layers": 0, "folded": 0, "unfolded": 0, "applied": False}
     if not readers:
         return summary

@@ -58,7 +58,8 @@ def channel_masks(model: nn.Module, percent: float | None = None, threshold: flo
 
 def select(scores: list[torch.Tensor], percent: float | None, threshold: float | None,
            min_channels: int = 1, round_to: int | list[list[int]] = 1,
-           max_layer_prune: float = 1.0) -> tuple[list[torch.Tensor], float | None, list[int]]:
+           max_layer_prune: float = 1.0,
+           removable=()) -> tuple[list[torch.Tensor], float | None, list[int]]:
     """Keep-masks for score vectors (one per group of channels cut together), the threshold,
     and the indices of the groups the ``min_channels`` guard refilled.
 
@@ -70,7 +71,9 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     ``(1 - max_layer_prune) * n`` (rounded up: no layer loses more than that fraction), and a
     multiple of ``round_to`` (never more than n; a list: per group, the widths it may keep,
     ascending, as ``round_to="auto"`` measures them): so these three can only keep more
-    channels than the percent or threshold alone.
+    channels than the percent or threshold alone. ``removable``: the indices of groups that
+    ``min_channels`` does not guard, which may be cut whole (``slimming.pruning.branches``: a
+    residual branch's width); the other two limits still apply to them.
     """
     steps = round_to if isinstance(round_to, list) else None
     round_to = 1 if steps is not None else round_to
@@ -83,7 +86,7 @@ def select(scores: list[torch.Tensor], percent: float | None, threshold: float |
     guarded = []
     for i, (g, m) in enumerate(zip(scores, masks)):
         n, kept = g.numel(), int(m.sum())
-        guard = min(min_channels, n)
+        guard = 0 if i in removable else min(min_channels, n)
         want = max(kept, guard, math.ceil((1 - max_layer_prune) * n - 1e-9))
         want = min(n, -(-want // round_to) * round_to)
         if steps is not None:
@@ -189,18 +192,23 @@ def equalize(masks: dict[int, torch.Tensor], scores: dict[int, torch.Tensor], co
 
     whole = [idx for (kind, _), idx in zip(constraints, index) if kind == "whole"]
     equal = [(kind, idx) for (kind, _), idx in zip(constraints, index) if kind != "whole"]
-    for idx in whole:  # as many whole blocks as the channels kept fill (rounded up), the best
+    emptied = {r for r, m in masks.items() if not bool(m.any())}  # removable groups cut whole
+    # a constraint over emptied groups alone keeps none; any other, at least one per block
+    least = [int(not all(r in emptied for block in blocks for r, _, _ in block)) for _, blocks in constraints]
+    whole_least = [n for (kind, _), n in zip(constraints, least) if kind == "whole"]
+    equal_least = [n for (kind, _), n in zip(constraints, least) if kind != "whole"]
+    for idx, low in zip(whole, whole_least):  # as many whole blocks as the kept channels fill, the best
         forced = torch.isinf(rank[idx]).any(1)
-        count = max(1, int(forced.sum()), -(-int(keep[idx].sum()) // idx.shape[1]))
+        count = max(low, int(forced.sum()), -(-int(keep[idx].sum()) // idx.shape[1]))
         order = torch.argsort(torch.where(forced, torch.inf, rank[idx].mean(1)), descending=True, stable=True)
         chosen = torch.zeros(len(idx), dtype=torch.bool)
         chosen[order[:count]] = True
         keep[idx] = chosen[:, None].expand_as(idx)
-    for kind, idx in equal:
+    for (kind, idx), low in zip(equal, equal_least):
         counts = keep[idx].sum(1)
         fixed = int(torch.isinf(rank[idx]).sum(1).max())
         share = int(counts.max()) if kind == "chunk" else -(-int(counts.sum()) // len(idx))
-        keep_best(idx, max(1, fixed, share), rank[idx] + keep[idx] * (kind == "chunk") * 1e30)
+        keep_best(idx, max(low, fixed, share), rank[idx] + keep[idx] * (kind == "chunk") * 1e30)
     for _ in range(100):
         for idx in whole:  # a block with one channel kept keeps them all
             keep[idx] = keep[idx].any(1, keepdim=True).expand_as(idx)

@@ -201,7 +201,7 @@ def search(model: nn.Module, plan, inputs: tuple, amount, limits: dict,
     if goal_ms >= original.value:
         raise SlimmingError(f"target_latency {target_latency} is at or above the unpruned model's measured "
                             f"{original.value:.3g} ms: nothing to cut", param="target_latency")
-    lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"])
+    lows = lower_bounds(sizes, limits["min_channels"], limits["max_layer_prune"], plan.removable)
     allowed = allowed_widths(est, limits["round_to"], lows)
     trial = _Trial(model, plan, inputs, cost, est, unit, asked, target_latency, checked)
     prior = [(None, g * original.value, m if unit == "fraction" else m * original.value)
@@ -360,7 +360,7 @@ def _by_measurement(plan, allowed, limits: dict, unit: str, asked: float, trial)
              "round_to": allowed if limits["round_to"] == "auto" else limits["round_to"]}
 
     def at(p: float):
-        masks, threshold, _ = select(plan.scores, p, None, **shape)
+        masks, threshold, _ = select(plan.scores, p, None, removable=plan.removable, **shape)
         return trial(masks, threshold, None)
 
     lo, hi = 0.0, (total - 1) / total
