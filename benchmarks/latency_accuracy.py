@@ -1,7 +1,9 @@
 """Accuracy at equal latency, the result users choose by: on the CIFAR-10 copy, a network is
 sparsity-trained (``slimming train``), then cut to the same measured latency four ways and
 fine-tuned the same way:
-- ``target_latency=L`` (slimming: importance per millisecond saved, measured);
+- ``target_latency=L`` (slimming: importance per millisecond saved, measured; a residual branch
+  cut whole is removed), and the same with every branch kept at one channel
+  (``remove_branches=False``: ``latency_branches_kept``);
 - ``target_flops=F``, F bisected until the cut's measured latency is the latency cut's
   (slimming's global |gamma| ranking, aimed at FLOPs);
 - Torch-Pruning's magnitude (L1) and Taylor pruners, their ratio bisected the same way
@@ -9,7 +11,7 @@ fine-tuned the same way:
 Latency: the pruned/original ratio of interleaved medians at ``--batch`` images of 32x32, on
 the CPU at the threads torch uses. Fine-tune: SGD lr ``--ft-lr`` (cosine), momentum 0.9, weight
 decay 5e-4, ``--ft-epochs``, batch 128, the same for all four. Seeds: ``--seeds``; the table
-gives each cut's mean and standard deviation over them.
+gives each cut's mean and standard deviation over them. ``--cuts``: which of them to run.
 
     python benchmarks/latency_accuracy.py --data-root ../shared/data/cifar10-jpeg --nets vgg11q resnet18
 """
@@ -98,6 +100,9 @@ def finetune(model: nn.Module, train_loader, epochs: int, lr: float, seed: int) 
     return model.eval()
 
 
+CUTS = ("target_latency", "latency_branches_kept", "target_flops", "tp_magnitude", "tp_taylor")
+
+
 def one(net: str, seed: int, args) -> dict:
     flags, epochs, strength, classifier = NETS[net]
     out = args.out / net / f"seed{seed}"
@@ -116,15 +121,22 @@ def one(net: str, seed: int, args) -> dict:
         lat = slimming.prune(model, target_latency=args.target, example_inputs=x, ignore=ignore)
         goal = lat.budget.ratio
         cuts = {"target_latency": (lat.model, args.target)}
-        fl = bisect(lambda c: slimming.prune(model, target_flops=1 - c, example_inputs=x[:1],
-                                             ignore=ignore).model, model, x, goal, 0.02, 0.95)
-        cuts["target_flops"] = (fl[0], 1 - fl[1])  # bisected on the share cut, 1 - F
+        row["branches_removed"] = len({n.rpartition(".")[0] for n, what in lat.removed.items()
+                                       if what == "Constant"})
+        if "latency_branches_kept" in args.cuts:
+            kept = slimming.prune(model, target_latency=args.target, example_inputs=x, ignore=ignore,
+                                  remove_branches=False)
+            cuts["latency_branches_kept"] = (kept.model, args.target)
+        if "target_flops" in args.cuts:
+            fl = bisect(lambda c: slimming.prune(model, target_flops=1 - c, example_inputs=x[:1],
+                                                 ignore=ignore).model, model, x, goal, 0.02, 0.95)
+            cuts["target_flops"] = (fl[0], 1 - fl[1])  # bisected on the share cut, 1 - F
         try:
             import torch_pruning  # noqa: F401
         except ImportError:
             pass
         else:
-            for how in ("magnitude", "taylor"):
+            for how in [h for h in ("magnitude", "taylor") if f"tp_{h}" in args.cuts]:
                 got = bisect(lambda v, how=how: peer_cut(model, v, how, (classifier,), batch), model, x,
                              goal, 0.0, 0.95)
                 cuts[f"tp_{how}"] = (got[0], got[1])
@@ -151,7 +163,7 @@ def table(rows: list[dict]) -> str:
              "top-1 fine-tuned | seeds |", "|---|---|---|---|---|---|---|"]
     for net in dict.fromkeys(r["net"] for r in rows):
         mine = [r for r in rows if r["net"] == net]
-        for cut in ("target_latency", "target_flops", "tp_magnitude", "tp_taylor"):
+        for cut in CUTS:
             got = [r[cut] for r in mine if cut in r]
             if got:
                 cells = [_mean_sd(got, "latency_ratio"), _mean_sd(got, "flops_kept"),
@@ -171,6 +183,8 @@ def main() -> None:
     p.add_argument("--repeats", type=positive_int, default=15)
     p.add_argument("--ft-epochs", type=positive_int, default=2)
     p.add_argument("--ft-lr", type=float, default=0.01)
+    p.add_argument("--cuts", nargs="+", default=list(CUTS), choices=CUTS, help="the cuts to compare "
+                   "(target_latency always runs: the others are held to its latency)")
     args = p.parse_args()
     rows = []
     for net in args.nets:

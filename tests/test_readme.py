@@ -114,6 +114,14 @@ def test_a_python_example_runs(page, code, tmp_path, monkeypatch, capsys, reques
         assert not any(isinstance(m, layers.ChannelGate) for m in result.model.modules())
         assert sum(isinstance(m, layers.ChannelGate) for m in model.modules()) == 18
         return
+    if "result.removed" in code:  # a branch cut whole, removed: what the comment says it prints
+        said = code.split("print(result.removed)")[1].split("#", 1)[1].strip()
+        assert capsys.readouterr().out.strip() == said
+        model, result = namespace["model"], namespace["result"]
+        x = torch.randn(2, 3, 48, 48)
+        with torch.no_grad():
+            assert slimming.count_flops(result.model, inputs=(x,)) < slimming.count_flops(model, inputs=(x,))
+        return
     if "sparsity.apply()" in code:  # the training loop, prune, save and reload
         out = capsys.readouterr().out
         assert "% of |gamma| under 1e-2" in out and "feature.1" in out
