@@ -25,6 +25,8 @@ from ..errors import CheckpointError, clip
 from .rules import layer_kind
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+# the kinds of layer an Emptied replaces by passing no channels on
+NORMS = ("bn", "frozen_bn", "instance_norm", "group_norm", "layer_norm", "rms_norm")
 
 
 class _Shaped(nn.Module):
@@ -119,10 +121,6 @@ def removable_layer(module: nn.Module, kind: str) -> bool:
     if kind == "linear":
         return isinstance(module, nn.Linear)
     return kind in NORMS
-
-
-# the kinds of layer an Emptied replaces by passing no channels on
-NORMS = ("bn", "frozen_bn", "instance_norm", "group_norm", "layer_norm", "rms_norm")
 
 
 def removed_layers(model: nn.Module, layers_only: bool = False) -> dict[str, str]:

@@ -74,23 +74,6 @@ def outside(removable: dict[int, set[str]], kept: tuple[str, ...]) -> dict[int, 
     return {i: names for i, names in removable.items() if not any(inside(n) for n in names)}
 
 
-def block_of(model: nn.Module, name: str | None, kept: tuple[str, ...]) -> str | None:
-    """Where to keep branches after a check that failed in module ``name``: the innermost
-    module at or above it that is not one of torch's own (its block), or the whole network ("")
-    where there is none or that block keeps its branches already; None once the whole does."""
-    if "" in kept:
-        return None
-    while name:
-        try:
-            module = model.get_submodule(name)
-        except AttributeError:
-            break
-        if not type(module).__module__.startswith("torch."):
-            return name if name not in kept else ""
-        name = name.rpartition(".")[0]
-    return ""
-
-
 def _can_go(graph: ChannelGraph, use: Use) -> bool:
     """Whether ``use`` leaves nothing the removal cannot replace."""
     if use.kind not in KINDS or use.module in graph.head_modules:

@@ -340,9 +340,9 @@ def _retry(model: nn.Module, failure: GraphError, plan, follow_sizes: bool, kept
     block (the type of the innermost module of the user's code) the failure names, for at most
     three blocks; the failure itself where there is nothing left to keep."""
     failed, why = "match" if verify else "run", first_line(failure, 160)
-    where = branches.block_of(model, getattr(failure, "module", None), whole_branches)
-    if removed and where is not None:  # a removed branch first: kept where the failure is, else everywhere
-        return Retry("branches", [where], why, failed)
+    if removed and "" not in whole_branches:  # a removed branch first: its block's branches kept
+        where = _block_name(model, getattr(failure, "module", None)) or ""  # (none: the network's)
+        return Retry("branches", [where if where not in whole_branches else ""], why, failed)
     if plan.sized and follow_sizes:
         return Retry("sizes", list(plan.sized), why, failed)
     block = _block_of(model, getattr(failure, "module", None))
@@ -354,13 +354,19 @@ def _retry(model: nn.Module, failure: GraphError, plan, follow_sizes: bool, kept
 def _block_of(model: nn.Module, name: str | None) -> type | None:
     """The type of the innermost module at or above ``name`` that is not one of torch's own
     (an attention block, not its ``nn.Linear``); None for the model itself or a name it lacks."""
+    block = _block_name(model, name)
+    return None if block is None else type(model.get_submodule(block))
+
+
+def _block_name(model: nn.Module, name: str | None) -> str | None:
+    """The name of that module (``_block_of``); None for the model itself or a name it lacks."""
     while name:
         try:
             module = model.get_submodule(name)
         except AttributeError:
             return None
         if not type(module).__module__.startswith("torch."):
-            return type(module)
+            return name
         name = name.rpartition(".")[0]
     return None
 
