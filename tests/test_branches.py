@@ -57,6 +57,20 @@ def vit():
     return timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3)
 
 
+class HFViT(nn.Module):
+    """Hugging Face's ViTModel as users call it, its last hidden state (built for 32x32)."""
+
+    def __init__(self):
+        super().__init__()
+        import transformers
+        cfg = transformers.ViTConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, image_size=32, patch_size=8)
+        self.vit = transformers.ViTModel(cfg, add_pooling_layer=False)
+
+    def forward(self, x):
+        return self.vit(pixel_values=x).last_hidden_state
+
+
 X32, X64 = torch.randn(1, 3, 32, 32), torch.randn(1, 3, 64, 64)
 
 # name: (the network, its input, the factors driven to zero (a gate: its reader, "gate:"), the
@@ -73,6 +87,8 @@ FAMILIES = {
                                               False),
     "timm ViT, its MLP gated": (gated(vit, X32), X32, ["gate:blocks.1.mlp.fc2"], ["blocks.1.mlp.fc1"],
                                 ["blocks.1.mlp.fc2"], True),
+    "timm ViT, every head of an attention gated off": (gated(vit, X32), X32, ["gate:blocks.1.attn.proj"],
+                                                       ["blocks.1.attn.qkv"], ["blocks.1.attn.proj"], True),
 }
 SLOW_FAMILIES = {
     "torchvision resnet50 (bottleneck, middle width)": (
@@ -100,6 +116,9 @@ SLOW_FAMILIES = {
         lambda: timm.create_model("efficientnet_b0"), X64, ["blocks.2.1.bn1", "blocks.2.1.bn2"],
         ["blocks.2.1.conv_pw", "blocks.2.1.bn1", "blocks.2.1.conv_dw", "blocks.2.1.bn2",
          "blocks.2.1.se.conv_expand"], ["blocks.2.1.se.conv_reduce", "blocks.2.1.conv_pwl"], False),
+    "Hugging Face ViTModel, every head of an attention gated off": (
+        gated(HFViT, X32), X32, ["gate:vit.layers.1.attention.o_proj"],
+        [f"vit.layers.1.attention.{p}_proj" for p in "qkv"], ["vit.layers.1.attention.o_proj"], True),
     "timm convnext_atto, its MLP gated": (
         gated(lambda: timm.create_model("convnext_atto"), X64), X64, ["gate:stages.1.blocks.0.mlp.fc2"],
         ["stages.1.blocks.0.mlp.fc1"], ["stages.1.blocks.0.mlp.fc2"], True),
@@ -132,7 +151,7 @@ def test_a_branch_cut_whole_is_removed_exactly(make, x, factors, emptied_layers,
     assert all(isinstance(r.model.get_submodule(n), Constant) for n in constants)
     assert r.retries == [] and r.verified is not None
     probe = torch.randn(2, *x.shape[1:-2], x.shape[-2] + 32, x.shape[-1] + 32)  # another size, another batch
-    if isinstance(model, timm.models.VisionTransformer):  # built for one size
+    if isinstance(model, (timm.models.VisionTransformer, HFViT)):  # built for one size
         probe = torch.randn(2, *x.shape[1:])
     assert rel_diff(r.model(probe), zeroed(model, r.masks)(probe)) < 1e-5
     # the same cut without removal keeps the branch at min_channels: one channel, every layer
@@ -318,3 +337,35 @@ def test_a_removal_the_check_refuses_keeps_that_blocks_branches_and_says_so():
     assert [retry.kept for retry in r.retries] == ["branches"] and r.removed == {}
     assert all(torch.equal(kept.masks[n], m) for n, m in r.masks.items())
     assert rel_diff(r.model(x), zeroed(model, r.masks)(x)) < 1e-5
+
+
+def test_an_attention_whose_forward_cannot_run_on_no_heads_keeps_one_and_says_so():
+    """timm's Swin infers a head's width in its reshape (-1), which a tensor of no heads cannot
+    give: the check's run fails, that block keeps its branches (one head), the cut is exact."""
+    def swin():
+        return timm.create_model("swin_tiny_patch4_window7_224", img_size=56, depths=(1, 1), num_heads=(2, 4),
+                                 embed_dim=32, num_classes=10)
+    x = torch.randn(1, 3, 56, 56)
+    model = emptied(gated(swin, x)(), ["gate:layers.1.blocks.0.attn.proj"])
+    with pytest.warns(UserWarning, match="layers.1.blocks.0.attn are kept at min_channels, not removed"):
+        r = slimming.prune(model, threshold=1e-4, example_inputs=x, compensate=False)
+    assert [(retry.kept, retry.modules) for retry in r.retries] == [("branches", ["layers.1.blocks.0.attn"])]
+    assert r.removed == {} and int(r.masks["layers.1.blocks.0.attn.proj.slimming_gate"].sum()) == 1
+    probe = torch.randn(2, 3, 56, 56)
+    assert rel_diff(r.model(probe), zeroed(model, r.masks)(probe)) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "export", "onnx"])
+def test_an_attention_removed_whole_loads_back_and_exports(tmp_path, fmt):
+    model = emptied(gated(vit, X32)(), ["gate:blocks.1.attn.proj"])
+    r = slimming.prune(model, threshold=1e-4, example_inputs=X32)
+    assert r.model.blocks[1].attn.num_heads == 0 and "blocks.1.attn.proj" in r.removed
+    save_pruned(r.model, tmp_path / "p.pt")
+    back = load_pruned(tmp_path / "p.pt", vit().eval())
+    probe = torch.randn(2, 3, 32, 32)
+    assert back.blocks[1].attn.num_heads == 0 and torch.equal(back(probe), r.model(probe))
+    if fmt == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+    out = tmp_path / ("m.pt2" if fmt == "export" else "m.bin")
+    assert export_model(r.model, out, fmt, input_size=(3, 32, 32), batch_size=2) <= 1e-4 and out.exists()

@@ -234,7 +234,8 @@ def test_attention_heads_are_cut_whole_and_their_number_follows(name, seed, tmp_
     """Gates per head, sparsity-shaped: the cut equals the original with the cut heads' gates
     zeroed (``cut_at_random``); every attention keeps whole heads, the ones with the largest
     gates, its number of heads set to them, its queries, keys and values three of each (and
-    Swin's relative position bias one column per head); the pruned network saves and loads."""
+    Swin's relative position bias one column per head), or none and is removed (its projection
+    a constant); the pruned network saves and loads."""
     torch.manual_seed(seed)
     model = HEAD_NETWORKS[name]().eval()
     slimming.add_gates(model, torch.zeros(1, 3, 32, 32))
@@ -248,7 +249,11 @@ def test_attention_heads_are_cut_whole_and_their_number_follows(name, seed, tmp_
         keep = result.masks[f"{proj}.slimming_gate"]
         gate = model.get_submodule(f"{proj}.slimming_gate").weight.detach().abs()
         kept = int(keep.sum())
-        assert getattr(attn, "num_heads", getattr(attn, "heads", None)) == kept >= 1, proj
+        assert getattr(attn, "num_heads", getattr(attn, "heads", None)) == kept, proj
+        if kept == 0:  # every head cut: the attention is removed, its projection the bias it adds
+            assert result.removed[proj] == "Constant", proj
+            removed += count
+            continue
         width = reads(result.model.get_submodule(proj))
         assert width % kept == 0 and attn.qkv.out_features == 3 * width, proj
         if kept < count:

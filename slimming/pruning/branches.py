@@ -8,12 +8,15 @@ constant per channel (the BatchNorm's beta after a zero input) or nothing.
 
 ``removable`` says which groups may so be emptied: every channel free (none pinned), every
 layer that makes, carries or reads them one that ``slimming.layers.removed`` can replace (a
-torch convolution or linear layer, a norm, a gate, a layer scale; no attention heads), and the
-network's outputs still reached from its inputs along the layers of the channel graph without
-passing through the group (a chain's width is never one: cutting it whole would cut the
-network in two). ``remove`` replaces, in the cut copy, the layers such a cut emptied
-(``Emptied``) and the layers that read only emptied channels (``Constant``: their bias), and
-returns what it replaced (``PruneResult.removed``). ``prune``'s check then holds the result to
+torch convolution or linear layer, a norm, a gate, a layer scale), and the network's outputs
+still reached from its inputs along the layers of the channel graph without passing through
+the group (a chain's width is never one: cutting it whole would cut the network in two). An
+attention's heads are one such width, with every head's channels: all of them cut, its
+projections are replaced and its own forward runs on no heads (where it cannot, a reshape
+that infers a head's width, the check's run fails and that block keeps its branches).
+``remove`` replaces, in the cut copy, the layers such a cut emptied (``Emptied``) and the
+layers that read only emptied channels (``Constant``: their bias), and returns what it
+replaced (``PruneResult.removed``). ``prune``'s check then holds the result to
 the original with the cut channels zeroed, as every cut is.
 """
 
@@ -27,7 +30,8 @@ from ..layers.removed import NORMS, Constant, Emptied, removable_layer, replace
 from .graph import ChannelGraph, Group, Map, Side, Use
 
 OUTPUT = "the model's output"  # the trace's pins (trace.Walk.run)
-KINDS = ("conv", "depthwise", "linear", "gate", "scale", *NORMS)  # the uses an emptied group may have
+# the uses an emptied group may have
+KINDS = ("conv", "depthwise", "linear", "gate", "head_gate", "scale", *NORMS)
 
 
 def _is_input(why: str) -> bool:
@@ -54,16 +58,41 @@ def removable(graph: ChannelGraph, groups: list[Group]) -> dict[int, set[str]]:
         if why == OUTPUT or _is_input(why):
             roots = (graph.find(s.space) for s in graph.resolve(Map([seg])).segs)
             (sinks if why == OUTPUT else sources).update(roots)
-    headed = {graph.find(s) for s in graph.piece_head} | {graph.find(r) for r in graph.heads} \
-        | {graph.find(space) for space, _ in graph.head_modules.values()}
+    inside = _inside_heads(graph)
+    headed = set().union(*inside.values())
     found = {}
     for i, g in enumerate(groups):
         r = graph.find(g.spaces[0])
-        if (g.pinned is not None and bool(g.pinned.any())) or r in headed or r in sources or r in sinks:
+        if (g.pinned is not None and bool(g.pinned.any())) or r in sources or r in sinks \
+                or (r in headed and r not in inside):
             continue
-        if all(_can_go(graph, use) for use in touching[r]) and _reaches(edges, sources, sinks, r):
-            found[i] = {use.module for use in touching[r]}
+        avoid = {r} | inside.get(r, set())  # an attention's heads: their channels too
+        uses = [use for a in avoid for use in touching[a]]
+        if all(_can_go(graph, use) for use in uses) and _reaches(edges, sources, sinks, avoid) \
+                and (r not in inside or _within_attention(graph, r, uses)):
+            found[i] = {use.module for use in uses}
     return found
+
+
+def _inside_heads(graph: ChannelGraph) -> dict[int, set[int]]:
+    """{an attention's heads' space: its heads' channel spaces (each head's pieces of the
+    queries, keys, values and merged output, and the channels tied in every head)}."""
+    inside: dict[int, set[int]] = {graph.find(space): {graph.find(space)}
+                                   for space, _ in graph.head_modules.values()}
+    for piece, (space, _) in [*graph.piece_head.items(), *graph.heads.items()]:
+        inside.setdefault(graph.find(space), {graph.find(space)}).add(graph.find(piece))
+    return {r: spaces - {r} for r, spaces in inside.items()}
+
+
+def _within_attention(graph: ChannelGraph, heads: int, uses: list[Use]) -> bool:
+    """Whether every layer making or reading an attention's heads is inside the block that
+    holds the one module holding their number (timm's ``Attention``; Hugging Face's self
+    attention and its output projection's module, side by side), which then runs on no heads."""
+    names = [name for name, (space, _) in graph.head_modules.items() if graph.find(space) == heads]
+    if len(names) != 1:
+        return False
+    block = names[0].rpartition(".")[0]
+    return all(use.module.startswith(block + ".") for use in uses) if block else True
 
 
 def outside(removable: dict[int, set[str]], kept: tuple[str, ...]) -> dict[int, set[str]]:
@@ -78,19 +107,20 @@ def _can_go(graph: ChannelGraph, use: Use) -> bool:
     """Whether ``use`` leaves nothing the removal cannot replace."""
     if use.kind not in KINDS or use.module in graph.head_modules:
         return False
-    return use.kind in ("gate", "scale") or removable_layer(graph.model.get_submodule(use.module), use.kind)
+    layer = graph.model.get_submodule(use.module)
+    return use.kind in ("gate", "head_gate", "scale") or removable_layer(layer, use.kind)
 
 
-def _reaches(edges: dict[int, set[int]], sources: set[int], sinks: set[int], avoid: int) -> bool:
+def _reaches(edges: dict[int, set[int]], sources: set[int], sinks: set[int], avoid: set[int]) -> bool:
     """Whether a sink is reached from a source along ``edges`` without entering ``avoid``."""
-    seen = set(sources) - {avoid}
+    seen = set(sources) - avoid
     todo = list(seen)
     while todo:
         a = todo.pop()
         if a in sinks:
             return True
         for b in edges.get(a, ()):
-            if b != avoid and b not in seen:
+            if b not in avoid and b not in seen:
                 seen.add(b)
                 todo.append(b)
     return False
@@ -105,7 +135,7 @@ def remove(new: nn.Module, masks: dict, graph: ChannelGraph) -> dict[str, str]:
     removed = {}
     for name, keep in masks.items():
         kind = kinds.get(name)
-        if kind is None or kind == "gate":
+        if kind is None or kind in ("gate", "head_gate"):
             continue
         made = [m for key, m in keep.items() if key in ("out", "channels")]
         if made and not any(bool(m.any()) for m in made):
