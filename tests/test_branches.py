@@ -85,21 +85,24 @@ FAMILIES = {
     "YOLO-style C2f bottleneck (shortcut)": (C2fNet, X32, ["block.m.0.cv1.1"],
                                               ["block.m.0.cv1.0", "block.m.0.cv1.1"], ["block.m.0.cv2.0"],
                                               False),
-    "timm ViT, its MLP gated": (gated(vit, X32), X32, ["gate:blocks.1.mlp.fc2"], ["blocks.1.mlp.fc1"],
-                                ["blocks.1.mlp.fc2"], True),
+    # (the norm before them only they read: emptied too)
+    "timm ViT, its MLP gated": (gated(vit, X32), X32, ["gate:blocks.1.mlp.fc2"],
+                                ["blocks.1.norm2", "blocks.1.mlp.fc1"], ["blocks.1.mlp.fc2"], True),
     "timm ViT, every head of an attention gated off": (gated(vit, X32), X32, ["gate:blocks.1.attn.proj"],
-                                                       ["blocks.1.attn.qkv"], ["blocks.1.attn.proj"], True),
+                                                       ["blocks.1.norm1", "blocks.1.attn.qkv"],
+                                                       ["blocks.1.attn.proj"], True),
 }
 SLOW_FAMILIES = {
     "torchvision resnet50 (bottleneck, middle width)": (
-        torchvision.models.resnet50, X64, ["layer2.1.bn2"], ["layer2.1.conv2", "layer2.1.bn2"],
+        torchvision.models.resnet50, X64, ["layer2.1.bn2"],
+        ["layer2.1.conv1", "layer2.1.bn1", "layer2.1.conv2", "layer2.1.bn2"],  # conv1: only they read it
         ["layer2.1.conv3"], True),
     "torchvision resnext50_32x4d (grouped)": (
-        torchvision.models.resnext50_32x4d, X64, ["layer2.1.bn2"], ["layer2.1.conv2", "layer2.1.bn2"],
-        ["layer2.1.conv3"], True),
+        torchvision.models.resnext50_32x4d, X64, ["layer2.1.bn2"],
+        ["layer2.1.conv1", "layer2.1.bn1", "layer2.1.conv2", "layer2.1.bn2"], ["layer2.1.conv3"], True),
     "torchvision regnet_x_400mf": (
         torchvision.models.regnet_x_400mf, X64, ["trunk_output.block2.block2-1.f.b.1"],
-        ["trunk_output.block2.block2-1.f.b.0", "trunk_output.block2.block2-1.f.b.1"],
+        [f"trunk_output.block2.block2-1.f.{p}" for p in ("a.0", "a.1", "b.0", "b.1")],
         ["trunk_output.block2.block2-1.f.c.0"], True),
     "torchvision mobilenet_v3_small (squeeze-excitation)": (
         torchvision.models.mobilenet_v3_small, X64, ["features.5.block.0.1", "features.5.block.1.1"],
@@ -118,10 +121,12 @@ SLOW_FAMILIES = {
          "blocks.2.1.se.conv_expand"], ["blocks.2.1.se.conv_reduce", "blocks.2.1.conv_pwl"], False),
     "Hugging Face ViTModel, every head of an attention gated off": (
         gated(HFViT, X32), X32, ["gate:vit.layers.1.attention.o_proj"],
-        [f"vit.layers.1.attention.{p}_proj" for p in "qkv"], ["vit.layers.1.attention.o_proj"], True),
+        ["vit.layers.1.layernorm_before", *(f"vit.layers.1.attention.{p}_proj" for p in "qkv")],
+        ["vit.layers.1.attention.o_proj"], True),
     "timm convnext_atto, its MLP gated": (
         gated(lambda: timm.create_model("convnext_atto"), X64), X64, ["gate:stages.1.blocks.0.mlp.fc2"],
-        ["stages.1.blocks.0.mlp.fc1"], ["stages.1.blocks.0.mlp.fc2"], True),
+        [f"stages.1.blocks.0.{p}" for p in ("conv_dw", "norm", "mlp.fc1")], ["stages.1.blocks.0.mlp.fc2"],
+        True),
 }
 
 
@@ -238,6 +243,37 @@ def test_a_removed_branch_saves_and_loads_exactly(removed_resnet18, tmp_path):
     back = load_pruned(tmp_path / "p.pt", torchvision.models.resnet18(num_classes=10))
     assert torch.equal(back(x), r.model(x)) and removed_layers(back) == r.removed
     assert not any("layer2.1.conv1." in k or "layer2.1.bn1." in k for k in back.state_dict())
+    r.model.arch, r.model.options = model.arch, model.options
+    save_checkpoint(checkpoint_dict(r.model), tmp_path / "c.pth")
+    again = load_model(tmp_path / "c.pth")
+    assert torch.equal(again(x), r.model(x)) and removed_layers(again) == r.removed
+
+
+def convnext10():
+    return timm.create_model("convnext_atto", num_classes=10)
+
+
+def resnet50_10():
+    return torchvision.models.resnet50(num_classes=10)
+
+
+@pytest.mark.parametrize("fresh, make, arch, factor, unread", [
+    (resnet50_10, resnet50_10, "torchvision:resnet50", "layer2.1.bn2", ["layer2.1.conv1", "layer2.1.bn1"]),
+    (convnext10, gated(convnext10, X64), "timm:convnext_atto", "gate:stages.1.blocks.0.mlp.fc2",
+     ["stages.1.blocks.0.conv_dw", "stages.1.blocks.0.norm"]),
+])
+def test_layers_only_a_removed_branch_read_save_and_load_emptied(fresh, make, arch, factor, unread, tmp_path):
+    """Layers emptied for what reads them (a norm: cfg 0, no weights in the file), a
+    bottleneck's first 1x1 and a ConvNeXt block's depthwise convolution and LayerNorm2d (its
+    channels at dim 1), through both file formats, into a network built afresh."""
+    model = emptied(dense(make()), [factor])
+    model.arch, model.options, model.cfg = arch, {"num_classes": 10}, {}
+    r = slimming.prune(model, threshold=1e-4, example_inputs=X64)
+    assert all(r.removed.get(n) == "Emptied" for n in unread), r.removed
+    x = torch.randn(2, 3, 64, 64)
+    save_pruned(r.model, tmp_path / "p.pt")
+    back = load_pruned(tmp_path / "p.pt", fresh())
+    assert torch.equal(back(x), r.model(x)) and removed_layers(back) == r.removed
     r.model.arch, r.model.options = model.arch, model.options
     save_checkpoint(checkpoint_dict(r.model), tmp_path / "c.pth")
     again = load_model(tmp_path / "c.pth")
@@ -369,3 +405,46 @@ def test_an_attention_removed_whole_loads_back_and_exports(tmp_path, fmt):
         pytest.importorskip("onnx")
     out = tmp_path / ("m.pt2" if fmt == "export" else "m.bin")
     assert export_model(r.model, out, fmt, input_size=(3, 32, 32), batch_size=2) <= 1e-4 and out.exists()
+
+
+class ReadTwice(nn.Module):
+    """A norm before a residual branch; ``how``: what else reads it: nothing ("only the
+    branch"), another layer ("a layer"), Python ("a value"), or an in-place addition of it into
+    a tensor that goes on, through the view the branch reads ("a write"). ``aux``: a layer
+    computed and never used."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU())
+        self.norm = nn.BatchNorm2d(16)
+        self.branch = nn.Sequential(nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 1))
+        self.second = nn.Sequential(nn.Conv2d(16, 8, 1), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 16, 1))
+        self.other, self.aux, self.head = nn.Conv2d(16, 16, 1), nn.Conv2d(16, 4, 1), nn.Conv2d(16, 4, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.norm(x)
+        self.aux(x)
+        if self.how == "a write":  # into the tensor the branch reads, through a view of it
+            base = x.clone()
+            out = base + self.branch(base.view(base.shape).add_(y))
+        else:
+            out = x + self.branch(y)
+        if self.how == "a layer":
+            out = out + self.other(y)
+        elif self.how == "a value" and y.amax() > 1e6:
+            out = out * 2
+        return self.head(out + self.second(out))
+
+
+@pytest.mark.parametrize("how", ["only the branch", "a layer", "a value", "a write"])
+def test_a_layer_only_an_emptied_branch_reads_is_emptied_with_it(how):
+    model = emptied(dense(ReadTwice(how)), ["branch.1"])
+    x = torch.randn(1, 3, 20, 20)  # (at 16x16 its norm's 16 channels could be any dim)
+    r = slimming.prune(model, threshold=1e-4, example_inputs=x, compensate=False)
+    branch = {"branch.0": "Emptied", "branch.1": "Emptied", "branch.3": "Constant"}
+    assert r.removed == ({"norm": "Emptied", **branch} if how == "only the branch" else branch)
+    assert not isinstance(r.model.aux, Emptied)  # unused before any cut: not the cut's business
+    probe = torch.randn(2, 3, 24, 24)
+    assert r.retries == [] and rel_diff(r.model(probe), zeroed(model, r.masks)(probe)) < 1e-5

@@ -6,7 +6,8 @@ read only them see nothing: torch refuses a layer of zero channels, so each beco
 these two, and the branch costs two cheap writes instead of its layers.
 
 ``Emptied``: a layer whose every output channel is cut (the convolution or linear layer that
-made them, a BatchNorm, GroupNorm, LayerNorm or gate carrying them, a depthwise convolution).
+made them, a BatchNorm, GroupNorm, LayerNorm or gate carrying them, a depthwise convolution),
+or whose output only such layers read (``slimming.pruning.branches.unread``).
 It returns a tensor of no channels with the shape the layer's output had otherwise: the
 batch, and the positions a convolution's kernel, stride, padding and dilation give.
 ``Constant``: a convolution or linear layer every input channel of which is cut: what it
@@ -27,6 +28,8 @@ from .rules import layer_kind
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # the kinds of layer an Emptied replaces by passing no channels on
 NORMS = ("bn", "frozen_bn", "instance_norm", "group_norm", "layer_norm", "rms_norm")
+# LayerNorms that permute their input's channels last and back (timm's): channels at dim 1
+CHANNELS_FIRST_NORMS = ("LayerNorm2d", "LayerNorm3d")
 
 
 class _Shaped(nn.Module):
@@ -74,11 +77,13 @@ class _Shaped(nn.Module):
 
 class Emptied(_Shaped):
     """A layer whose every output channel is cut: a tensor of none along its channels' dim (the
-    last for a linear layer, a LayerNorm, an RMSNorm; else 1), shaped as its output otherwise is."""
+    last for a linear layer, a LayerNorm, an RMSNorm, but timm's ``LayerNorm2d``; else 1),
+    shaped as its output otherwise is."""
 
     def __init__(self, layer: nn.Module):
         super().__init__(layer)
-        self.dim = -1 if isinstance(layer, (nn.Linear, nn.LayerNorm, nn.RMSNorm)) else 1
+        last = isinstance(layer, (nn.Linear, nn.LayerNorm, nn.RMSNorm))
+        self.dim = -1 if last and type(layer).__name__ not in CHANNELS_FIRST_NORMS else 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.kernel) == 0:

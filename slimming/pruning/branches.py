@@ -24,12 +24,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import torch
 from torch import nn
 
 from ..layers.removed import NORMS, Constant, Emptied, removable_layer, replace
+from ..layers.rules import factor_width, is_layer, layer_kind
+from .capture import Call, CaptureError, capture
 from .graph import ChannelGraph, Group, Map, Side, Use
+from .ops import META_OPS, VALUE_OPS, in_place, leaves, op_name, tensors
 
 OUTPUT = "the model's output"  # the trace's pins (trace.Walk.run)
+REMOVED = (Emptied, Constant)
 # the uses an emptied group may have
 KINDS = ("conv", "depthwise", "linear", "gate", "head_gate", "scale", *NORMS)
 
@@ -126,11 +131,13 @@ def _reaches(edges: dict[int, set[int]], sources: set[int], sinks: set[int], avo
     return False
 
 
-def remove(new: nn.Module, masks: dict, graph: ChannelGraph) -> dict[str, str]:
+def remove(new: nn.Module, masks: dict, graph: ChannelGraph, inputs: tuple | None = None) -> dict[str, str]:
     """In ``new`` (the cut copy), every layer whose output channels the masks cut whole becomes
     ``Emptied``, every convolution or linear layer whose input channels they cut whole (and that
-    still makes some) ``Constant``; returns {name: "Emptied" or "Constant"}, in model order.
-    Gates are left: a gate of no channels multiplies nothing, and folds away with its reader."""
+    still makes some) ``Constant``, and then, given the example's ``inputs``, every layer whose
+    output only those read (``unread``) ``Emptied``; returns {name: "Emptied" or "Constant"},
+    in model order. Gates are left: a gate of no channels multiplies nothing, and folds away
+    with its reader."""
     kinds = {use.module: use.kind for use in graph.uses if use.kind != "scale"}
     removed = {}
     for name, keep in masks.items():
@@ -146,4 +153,135 @@ def remove(new: nn.Module, masks: dict, graph: ChannelGraph) -> dict[str, str]:
     order = {name: i for i, (name, _) in enumerate(new.named_modules())}
     for name in sorted(removed, key=lambda n: -order[n]):  # the innermost first: a layer inside another
         replace(new, name, removed[name])
-    return {name: type(removed[name]).__name__ for name in sorted(removed, key=order.get)}
+    found = {name: type(layer).__name__ for name, layer in removed.items()}
+    if found and inputs is not None:
+        found.update(unread(new, inputs))
+    return {name: found[name] for name in sorted(found, key=order.get)}
+
+
+def unread(new: nn.Module, inputs: tuple) -> dict[str, str]:
+    """In ``new`` (the cut copy, its branches removed), every layer whose output only reaches
+    the layers ``remove`` replaced, whose values are so never read (the norm before an emptied
+    attention, a ConvNeXt block's depthwise convolution and norm before its emptied MLP, a
+    bottleneck's first 1x1 before its emptied 3x3), made ``Emptied`` too; found by one forward
+    (``Readers``), returned as ``remove`` returns. The replaced layers read their input's
+    positions only, which an ``Emptied`` keeps, so the rest computes what it computed; what
+    else meets their output (an op, a layer that stays) must run on no channels, or is kept."""
+    readers, training = Readers(), new.training
+    try:
+        out = capture(new, inputs, [readers], leaf=lambda m: is_layer(m) or isinstance(m, REMOVED))
+    except CaptureError:  # the removal does not run: the check's run says where, and keeps those branches
+        return {}
+    finally:
+        new.train(training)
+    outputs = [readers.made[id(t)] for t in leaves(out) if id(t) in readers.made]
+    if not outputs:
+        return {}
+    read = readers.read_from(outputs)
+    takers: dict[int, list[int]] = defaultdict(list)  # node -> the nodes given what it made
+    for node, deps in enumerate(readers.deps):
+        for d in deps:
+            takers[d].append(node)
+    for node, d in readers.shape_of:
+        takers[d].append(node)
+    layers = {node: new.get_submodule(name) for node, name in readers.layers.items()}
+    removed = {node for node, layer in layers.items() if isinstance(layer, REMOVED)}
+    can = {node for node, layer in layers.items() if _empties(layer, readers.shapes[node])}
+    empty: set[int] = set()
+    for node in reversed(range(len(readers.deps))):  # what takes a node's output ran after it
+        given = takers[node]
+        if node not in read and (node in can or node not in readers.layers) and given \
+                and all(t in empty or t in removed for t in given):
+            empty.add(node)
+    calls: dict[str, list[int]] = defaultdict(list)
+    for node, name in readers.layers.items():
+        calls[name].append(node)
+    found = {name: Emptied(layers[nodes[0]]) for name, nodes in calls.items()
+             if all(n in empty and n in can for n in nodes)}
+    for name, layer in found.items():
+        replace(new, name, layer)
+    return {name: "Emptied" for name in found}
+
+
+def _empties(layer: nn.Module, shapes: list[torch.Size]) -> bool:
+    """Whether ``Emptied(layer)`` gives what ``layer`` gave (``shapes``) with no channels: a
+    torch convolution or linear layer by its geometry, a norm where its channels are the one
+    dimension ``Emptied`` narrows, and uniquely so at this shape (a LayerNorm over more
+    dimensions is not)."""
+    kind = layer_kind(layer)
+    if kind is None or not removable_layer(layer, kind) or len(shapes) != 1:
+        return False
+    if kind not in NORMS:
+        return True
+    shape, width = shapes[0], factor_width(layer)
+    dim = Emptied(layer).dim % len(shape) if len(shape) >= 2 else None
+    return dim is not None and len(getattr(layer, "normalized_shape", (width,))) == 1 \
+        and [d for d in range(1, len(shape)) if shape[d] == width] == [dim]
+
+
+class Readers:
+    """One forward as nodes: each call of a layer (followed whole) and each torch call outside
+    layers, linked to the nodes that made its tensor inputs (an in-place op of one tensor, a
+    ``relu_``, makes that tensor anew). Read by themselves: the calls that give Python values
+    (``item``, ``bool``, anything but a tensor or a shape) and the in-place ops of several
+    tensors (``add_``, ``copy_``, ``__setitem__``), which may write into a tensor others see;
+    ``read_from`` adds every node those and the outputs depend on. ``Emptied`` and ``Constant``
+    depend on nothing, they read their input's positions only (``shape_of``: (that layer's
+    node, the node that made its input))."""
+
+    def __init__(self):
+        self.made: dict[int, int] = {}  # id(tensor) -> the node that last wrote it
+        self.deps: list[list[int]] = []
+        self.layers: dict[int, str] = {}  # node -> the layer it called
+        self.shapes: dict[int, list[torch.Size]] = {}  # a layer's node -> the shapes it made
+        self.by_itself: list[int] = []
+        self.shape_of: list[tuple[int, int]] = []
+        self.alive: list[torch.Tensor] = []  # every tensor seen: its id stays its own
+        self.depth = 0  # > 0 inside a layer
+
+    def _made_by(self, given: list[torch.Tensor]) -> list[int]:
+        return [self.made[id(t)] for t in given if id(t) in self.made]
+
+    def _node(self, given: list[torch.Tensor], made: list[torch.Tensor]) -> int:
+        self.deps.append(self._made_by(given))
+        for t in made:
+            self.made[id(t)] = len(self.deps) - 1
+        self.alive += given + made
+        return len(self.deps) - 1
+
+    def enter(self, name: str, module: nn.Module, args: tuple) -> None:
+        self.depth += is_layer(module) or isinstance(module, REMOVED)
+
+    def leave(self, name: str, module: nn.Module, args: tuple, out) -> None:
+        if not (is_layer(module) or isinstance(module, REMOVED)):
+            return
+        self.depth -= 1
+        if self.depth:  # a layer inside a layer is its outer one's business
+            return
+        shape_only = isinstance(module, REMOVED)
+        made_by = self._made_by(tensors(args))
+        node = self._node([] if shape_only else tensors(args), tensors(out))
+        self.layers[node], self.shapes[node] = name, [t.shape for t in tensors(out)]
+        if shape_only:
+            self.shape_of += [(node, d) for d in made_by]
+
+    def call(self, call: Call) -> None:
+        name = op_name(call.func)
+        if name in META_OPS or self.depth:
+            return None
+        given, made = tensors([*call.args, *call.kwargs.values()]), tensors(call.out)
+        node = self._node(given, made)
+        if name in VALUE_OPS or not made or (in_place(call.func, call.args, call.kwargs, call.out)
+                                             and len(given) > 1):
+            self.by_itself.append(node)
+        return None
+
+    def read_from(self, outputs: list[int]) -> set[int]:
+        """The nodes read: ``outputs``, those read by themselves, and what they depend on."""
+        read, todo = set(), [*outputs, *self.by_itself]
+        while todo:
+            node = todo.pop()
+            if node not in read:
+                read.add(node)
+                todo += self.deps[node]
+        return read

@@ -30,7 +30,7 @@ from .graph import UNSCORED, Factor, GraphError, Group, ignored_names
 from .importance import Importance
 from .records import PruneResult
 from .select import equalize, scaled_prunable_bns, whole_block_scores
-from .trace import trace
+from .trace import as_inputs, trace
 
 
 def _bn_names(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -141,12 +141,13 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
         new = surgery.cut(model, plan, traced)
         fold(new, set(traced.coverage.by_weight), multiply=False)  # gates whose layer's hooks never run
         widths = surgery.update_widths(new, traced, roots, skip=kept_whole)
-        removed = branches.remove(new, plan, graph)  # the layers a branch cut whole leaves
+        removed = branches.remove(new, plan, graph, as_inputs(example))  # what a branch cut whole leaves
         thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]
-        cfg = {name: int(k.sum()) for (name, m), k in zip(factors, cfg_mask)
-               if not isinstance(m, ChannelGate)}  # folded away at the end
+        # a norm only emptied layers read is emptied too: no channels; gates fold away at the end
+        cfg = {name: 0 if removed.get(name) == "Emptied" else int(k.sum())
+               for (name, m), k in zip(factors, cfg_mask) if not isinstance(m, ChannelGate)}
         new.cfg = cfg
         layers = {name: {k: v for k, v in m.items() if k in ("in", "out")} for name, m in plan.items()
                   if isinstance(model.get_submodule(name), (nn.Conv2d, nn.Linear))}
