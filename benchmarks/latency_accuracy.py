@@ -40,6 +40,7 @@ from slimming.measure.stats import count_flops
 NETS = {  # name: (train flags, sparsity epochs, sparsity strength, the classifier)
     "vgg11q": (["--arch", "vgg", "--cfg", "16,M,32,M,64,64,M,128,128,M,128,128"], 8, 3e-3, "classifier"),
     "resnet18": (["--arch", "torchvision:resnet18"], 5, 1e-3, "fc"),
+    "mobilenet_v2": (["--arch", "torchvision:mobilenet_v2"], 5, 1e-3, "classifier.1"),
 }
 
 
