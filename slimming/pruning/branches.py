@@ -15,9 +15,10 @@ attention's heads are one such width, with every head's channels: all of them cu
 projections are replaced and its own forward runs on no heads (where it cannot, a reshape
 that infers a head's width, the check's run fails and that block keeps its branches).
 ``remove`` replaces, in the cut copy, the layers such a cut emptied (``Emptied``) and the
-layers that read only emptied channels (``Constant``: their bias), and returns what it
-replaced (``PruneResult.removed``). ``prune``'s check then holds the result to
-the original with the cut channels zeroed, as every cut is.
+layers that read only emptied channels (``Constant``: their bias); ``unread`` then empties
+the layers whose output only those read (a bottleneck's first 1x1, the norm before an emptied
+attention), by one forward of the cut copy; together, ``PruneResult.removed``. ``prune``'s
+check then holds the result to the original with the cut channels zeroed, as every cut is.
 """
 
 from __future__ import annotations
@@ -131,13 +132,11 @@ def _reaches(edges: dict[int, set[int]], sources: set[int], sinks: set[int], avo
     return False
 
 
-def remove(new: nn.Module, masks: dict, graph: ChannelGraph, inputs: tuple | None = None) -> dict[str, str]:
+def remove(new: nn.Module, masks: dict, graph: ChannelGraph) -> dict[str, str]:
     """In ``new`` (the cut copy), every layer whose output channels the masks cut whole becomes
     ``Emptied``, every convolution or linear layer whose input channels they cut whole (and that
-    still makes some) ``Constant``, and then, given the example's ``inputs``, every layer whose
-    output only those read (``unread``) ``Emptied``; returns {name: "Emptied" or "Constant"},
-    in model order. Gates are left: a gate of no channels multiplies nothing, and folds away
-    with its reader."""
+    still makes some) ``Constant``; returns {name: "Emptied" or "Constant"}, in model order.
+    Gates are left: a gate of no channels multiplies nothing, and folds away with its reader."""
     kinds = {use.module: use.kind for use in graph.uses if use.kind != "scale"}
     removed = {}
     for name, keep in masks.items():
@@ -153,30 +152,28 @@ def remove(new: nn.Module, masks: dict, graph: ChannelGraph, inputs: tuple | Non
     order = {name: i for i, (name, _) in enumerate(new.named_modules())}
     for name in sorted(removed, key=lambda n: -order[n]):  # the innermost first: a layer inside another
         replace(new, name, removed[name])
-    found = {name: type(layer).__name__ for name, layer in removed.items()}
-    if found and inputs is not None:
-        found.update(unread(new, inputs))
-    return {name: found[name] for name in sorted(found, key=order.get)}
+    return {name: type(removed[name]).__name__ for name in sorted(removed, key=order.get)}
 
 
-def unread(new: nn.Module, inputs: tuple) -> dict[str, str]:
-    """In ``new`` (the cut copy, its branches removed), every layer whose output only reaches
-    the layers ``remove`` replaced, whose values are so never read (the norm before an emptied
+def unread(new: nn.Module, inputs: tuple, removed: dict[str, str]) -> dict[str, str]:
+    """In ``new`` (the cut copy, ``removed`` what ``remove`` replaced), every layer whose output
+    only reaches the layers replaced, whose values are so never read (the norm before an emptied
     attention, a ConvNeXt block's depthwise convolution and norm before its emptied MLP, a
     bottleneck's first 1x1 before its emptied 3x3), made ``Emptied`` too; found by one forward
-    (``Readers``), returned as ``remove`` returns. The replaced layers read their input's
-    positions only, which an ``Emptied`` keeps, so the rest computes what it computed; what
-    else meets their output (an op, a layer that stays) must run on no channels, or is kept."""
+    of ``inputs`` (``Readers``). Returns ``removed`` with them, in model order. The replaced
+    layers read their input's positions only, which an ``Emptied`` keeps, so the rest computes
+    what it computed; what else meets their output (an op, a layer that stays) must run on no
+    channels, or is kept."""
     readers, training = Readers(), new.training
     try:
         out = capture(new, inputs, [readers], leaf=lambda m: is_layer(m) or isinstance(m, REMOVED))
     except CaptureError:  # the removal does not run: the check's run says where, and keeps those branches
-        return {}
+        return removed
     finally:
         new.train(training)
     outputs = [readers.made[id(t)] for t in leaves(out) if id(t) in readers.made]
     if not outputs:
-        return {}
+        return removed
     read = readers.read_from(outputs)
     takers: dict[int, list[int]] = defaultdict(list)  # node -> the nodes given what it made
     for node, deps in enumerate(readers.deps):
@@ -185,13 +182,13 @@ def unread(new: nn.Module, inputs: tuple) -> dict[str, str]:
     for node, d in readers.shape_of:
         takers[d].append(node)
     layers = {node: new.get_submodule(name) for node, name in readers.layers.items()}
-    removed = {node for node, layer in layers.items() if isinstance(layer, REMOVED)}
+    replaced = {node for node, layer in layers.items() if isinstance(layer, REMOVED)}
     can = {node for node, layer in layers.items() if _empties(layer, readers.shapes[node])}
     empty: set[int] = set()
     for node in reversed(range(len(readers.deps))):  # what takes a node's output ran after it
         given = takers[node]
         if node not in read and (node in can or node not in readers.layers) and given \
-                and all(t in empty or t in removed for t in given):
+                and all(t in empty or t in replaced for t in given):
             empty.add(node)
     calls: dict[str, list[int]] = defaultdict(list)
     for node, name in readers.layers.items():
@@ -200,7 +197,9 @@ def unread(new: nn.Module, inputs: tuple) -> dict[str, str]:
              if all(n in empty and n in can for n in nodes)}
     for name, layer in found.items():
         replace(new, name, layer)
-    return {name: "Emptied" for name in found}
+    order = {name: i for i, (name, _) in enumerate(new.named_modules())}
+    both = {**removed, **{name: "Emptied" for name in found}}
+    return {name: both[name] for name in sorted(both, key=order.get)}
 
 
 def _empties(layer: nn.Module, shapes: list[torch.Size]) -> bool:

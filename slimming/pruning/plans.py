@@ -141,8 +141,10 @@ def traced_plan(model: nn.Module, importance: Importance, example, ignore, keep_
         new = surgery.cut(model, plan, traced)
         fold(new, set(traced.coverage.by_weight), multiply=False)  # gates whose layer's hooks never run
         widths = surgery.update_widths(new, traced, roots, skip=kept_whole)
-        removed = branches.remove(new, plan, graph, as_inputs(example))  # what a branch cut whole leaves
+        removed = branches.remove(new, plan, graph)  # the layers a branch cut whole leaves
         thinned(new)  # torch's MultiheadAttention whose widths the cut changed: run as slimming's
+        if removed:  # and those only they read
+            removed = branches.unread(new, as_inputs(example), removed)
         cfg_mask = [plan.get(name, {}).get("channels", torch.ones(factor_width(m), dtype=torch.bool))
                     for name, m in factors]
         # a norm only emptied layers read is emptied too: no channels; gates fold away at the end
