@@ -75,6 +75,13 @@ class _Shaped(nn.Module):
         return f"was={self.was}"
 
 
+def channel_dim(layer: nn.Module) -> int:
+    """The dim of ``layer``'s output its channels are at, as ``Emptied`` narrows it: the last
+    for a linear layer, a LayerNorm, an RMSNorm (but timm's ``LayerNorm2d``), else 1."""
+    last = isinstance(layer, (nn.Linear, nn.LayerNorm, nn.RMSNorm))
+    return -1 if last and type(layer).__name__ not in CHANNELS_FIRST_NORMS else 1
+
+
 class Emptied(_Shaped):
     """A layer whose every output channel is cut: a tensor of none along its channels' dim (the
     last for a linear layer, a LayerNorm, an RMSNorm, but timm's ``LayerNorm2d``; else 1),
@@ -82,8 +89,7 @@ class Emptied(_Shaped):
 
     def __init__(self, layer: nn.Module):
         super().__init__(layer)
-        last = isinstance(layer, (nn.Linear, nn.LayerNorm, nn.RMSNorm))
-        self.dim = -1 if last and type(layer).__name__ not in CHANNELS_FIRST_NORMS else 1
+        self.dim = channel_dim(layer)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.kernel) == 0:

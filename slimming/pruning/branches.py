@@ -28,7 +28,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from ..layers.removed import NORMS, Constant, Emptied, removable_layer, replace
+from ..layers.removed import NORMS, Constant, Emptied, channel_dim, removable_layer, replace
 from ..layers.rules import factor_width, is_layer, layer_kind
 from .capture import Call, CaptureError, capture
 from .graph import ChannelGraph, Group, Map, Side, Use
@@ -149,10 +149,15 @@ def remove(new: nn.Module, masks: dict, graph: ChannelGraph) -> dict[str, str]:
         elif "in" in keep and not bool(keep["in"].any()) and kind in ("conv", "linear"):
             layer = new.get_submodule(name)
             removed[name] = Constant(layer, layer.bias)
-    order = {name: i for i, (name, _) in enumerate(new.named_modules())}
-    for name in sorted(removed, key=lambda n: -order[n]):  # the innermost first: a layer inside another
+    for name in reversed(_in_model_order(new, removed)):  # the innermost first: a layer inside another
         replace(new, name, removed[name])
-    return {name: type(removed[name]).__name__ for name in sorted(removed, key=order.get)}
+    return {name: type(removed[name]).__name__ for name in _in_model_order(new, removed)}
+
+
+def _in_model_order(model: nn.Module, names) -> list[str]:
+    """``names`` (modules of ``model``) in the order ``named_modules`` gives them."""
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return sorted(names, key=order.get)
 
 
 def unread(new: nn.Module, inputs: tuple, removed: dict[str, str]) -> dict[str, str]:
@@ -197,9 +202,8 @@ def unread(new: nn.Module, inputs: tuple, removed: dict[str, str]) -> dict[str, 
              if all(n in empty and n in can for n in nodes)}
     for name, layer in found.items():
         replace(new, name, layer)
-    order = {name: i for i, (name, _) in enumerate(new.named_modules())}
     both = {**removed, **{name: "Emptied" for name in found}}
-    return {name: both[name] for name in sorted(both, key=order.get)}
+    return {name: both[name] for name in _in_model_order(new, both)}
 
 
 def _empties(layer: nn.Module, shapes: list[torch.Size]) -> bool:
@@ -213,7 +217,7 @@ def _empties(layer: nn.Module, shapes: list[torch.Size]) -> bool:
     if kind not in NORMS:
         return True
     shape, width = shapes[0], factor_width(layer)
-    dim = Emptied(layer).dim % len(shape) if len(shape) >= 2 else None
+    dim = channel_dim(layer) % len(shape) if len(shape) >= 2 else None
     return dim is not None and len(getattr(layer, "normalized_shape", (width,))) == 1 \
         and [d for d in range(1, len(shape)) if shape[d] == width] == [dim]
 
